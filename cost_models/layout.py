@@ -1,0 +1,167 @@
+"""Layouts: how one tensor is spread over the mesh.
+
+A `Layout` says, for each tensor dim, the ordered mesh axes that split it (outermost first: the rank's
+block index along that dim is the mixed-radix number of its coordinates on those axes), and the axes on
+which the local tensor is a pending partial sum. Every other axis holds a replica. It is DTensor's
+`Shard`/`Replicate`/`Partial` written per tensor dim instead of per mesh axis, which makes nested splits
+(a dim split over two axes, as 3D tensor parallelism needs) a first-class value.
+
+`interleave` > 1 describes the output of a fused projection (q, k, v in one linear) whose last dim is
+`interleave` equal segments, each split on its own: rank r holds block r of every segment, so a local
+`split` into the segments gives each rank its own shard of q, k and v.
+
+Layouts are frozen and hashable; `str(layout)` is short: `[xy, -, z]` is dim 0 split over x then y, dim 1
+replicated, dim 2 split over z; a trailing `+P(x)` marks a partial sum over x; `~3` an interleave of 3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models.mesh import Mesh
+
+__all__ = ["Layout", "LayoutError", "split_tokens"]
+
+Axes = tuple[str, ...]
+
+
+class LayoutError(ValueError):
+    """A layout that does not fit a tensor's shape or the mesh."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Placement of one tensor on the mesh (see the module docstring)."""
+
+    dims: tuple[Axes, ...]
+    partial: Axes = ()
+    interleave: int = 1
+
+    def __post_init__(self) -> None:
+        dims = tuple(tuple(d) for d in self.dims)
+        object.__setattr__(self, "dims", dims)
+        object.__setattr__(self, "partial", tuple(self.partial))
+        used = [a for d in dims for a in d] + list(self.partial)
+        if len(used) != len(set(used)):
+            raise LayoutError(f"a mesh axis appears twice in layout {self}")
+        if self.interleave < 1:
+            raise LayoutError(f"interleave must be >= 1, got {self.interleave}")
+
+    # --- constructors --------------------------------------------------------------------------
+    @classmethod
+    def replicated(cls, ndim: int) -> Layout:
+        return cls(((),) * ndim)
+
+    @classmethod
+    def shard(cls, ndim: int, dim: int, axes: Sequence[str]) -> Layout:
+        """Split tensor dim `dim` over `axes`, replicate the rest."""
+        dims: list[Axes] = [()] * ndim
+        dims[dim] = tuple(axes)
+        return cls(tuple(dims))
+
+    # --- queries -------------------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.dims)
+
+    def axes(self) -> Axes:
+        """All mesh axes that split some dim, in dim order."""
+        return tuple(a for d in self.dims for a in d)
+
+    def is_replicated(self) -> bool:
+        return not self.axes() and not self.partial
+
+    def replicated_axes(self, mesh: Mesh) -> Axes:
+        used = set(self.axes()) | set(self.partial)
+        return tuple(a for a in mesh.axis_names if a not in used)
+
+    def split_factor(self, dim: int, mesh: Mesh) -> int:
+        return mesh.size(self.dims[dim])
+
+    def local_shape(self, shape: Sequence[int], mesh: Mesh) -> tuple[int, ...]:
+        """This rank's block shape for a tensor of global `shape`; raises LayoutError if a split
+        does not divide its dim."""
+        if len(shape) != self.ndim:
+            raise LayoutError(f"layout {self} has {self.ndim} dims but the tensor has shape {tuple(shape)}")
+        out = []
+        for i, (n, axes) in enumerate(zip(shape, self.dims)):
+            f = mesh.size(axes)
+            unit = f * (self.interleave if i == self.ndim - 1 else 1)
+            if n % unit:
+                raise LayoutError(
+                    f"dim {i} of size {n} cannot be split {f} ways over mesh axes {axes}"
+                    + (f" in {self.interleave} segments" if unit != f else "")
+                    + f" (layout {self}, mesh {mesh})"
+                )
+            out.append(n // f)
+        return tuple(out)
+
+    def fits(self, shape: Sequence[int], mesh: Mesh) -> bool:
+        try:
+            self.local_shape(shape, mesh)
+        except LayoutError:
+            return False
+        return True
+
+    def local_numel(self, shape: Sequence[int], mesh: Mesh) -> int:
+        n = 1
+        for s in self.local_shape(shape, mesh):
+            n *= s
+        return n
+
+    # --- derived layouts -----------------------------------------------------------------------
+    def with_dim(self, dim: int, axes: Sequence[str]) -> Layout:
+        dims = list(self.dims)
+        dims[dim] = tuple(axes)
+        return Layout(tuple(dims), self.partial, self.interleave)
+
+    def without_partial(self) -> Layout:
+        return Layout(self.dims, (), self.interleave)
+
+    # --- printing and JSON ---------------------------------------------------------------------
+    def __str__(self) -> str:
+        body = "[" + ", ".join("".join(d) if d else "-" for d in self.dims) + "]"
+        if self.partial:
+            body += "+P(" + "".join(self.partial) + ")"
+        if self.interleave > 1:
+            body += f"~{self.interleave}"
+        return body
+
+    def to_json(self) -> dict:
+        out: dict = {"dims": [list(d) for d in self.dims]}
+        if self.partial:
+            out["partial"] = list(self.partial)
+        if self.interleave > 1:
+            out["interleave"] = self.interleave
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> Layout:
+        try:
+            return cls(tuple(tuple(d) for d in data["dims"]), tuple(data.get("partial", ())),
+                       int(data.get("interleave", 1)))
+        except (KeyError, TypeError) as e:
+            raise LayoutError(f"malformed layout {data!r}: {e}") from None
+
+
+def split_tokens(shape: Sequence[int], n_token_dims: int, axes: Sequence[str], mesh: Mesh) -> tuple[Axes, ...] | None:
+    """Spread `axes` (outermost first) over the leading `n_token_dims` dims of `shape`.
+
+    Token dims (batch, then sequence) are treated as one flattened dim M = B*S: axes go to the batch dim
+    while it still divides, the rest to the sequence dim, so that the mixed-radix block order of the
+    flattened M is kept. Returns the per-dim axes for the token dims, or None when they do not divide.
+    """
+    result: list[list[str]] = [[] for _ in range(n_token_dims)]
+    d = 0
+    remaining = list(shape[:n_token_dims])
+    for a in axes:
+        q = mesh.axis_size(a)
+        while d < n_token_dims and remaining[d] % q:
+            d += 1
+        if d >= n_token_dims:
+            return None
+        # Once an axis went to a later dim, earlier dims may not take more axes (block order).
+        result[d].append(a)
+        remaining[d] //= q
+    return tuple(tuple(r) for r in result)

@@ -1,0 +1,129 @@
+"""Strategies and their costs: plain values that enumerating, costing and solving pass along.
+
+A `Strategy` is one way to run one op on the mesh: the layout each tensor input must arrive in, the
+layout of each output, the storage layout of each parameter, and scheme options. An `OpCost` is what that
+strategy costs one rank: model-state elements, saved-activation and transient bytes, FLOPs, compute
+seconds and the collectives the op runs internally. Conversions *between* ops are priced separately
+(`cost_models.redistribution`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cost_models.layout import Axes, Layout
+
+__all__ = ["SCHEMES", "HEAVY_SCHEMES", "Collective", "Strategy", "OpCost", "SavedTensor"]
+
+# User-facing scheme names for the heavy ops (linear, embedding, attention, layer norm).
+HEAVY_SCHEMES = ("replicate", "fsdp", "1d_col", "1d_row", "2d", "3d", "3d_allreduce")
+# Every scheme name a strategy may carry ("follow": an element-wise/shape op that keeps its input's layout;
+# "vocab": vocabulary-parallel embedding / head / cross-entropy; "seq": sequence-split layer norm/dropout).
+SCHEMES = HEAVY_SCHEMES + ("follow", "vocab", "seq")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective one rank takes part in.
+
+    kind: "all_gather" | "reduce_scatter" | "all_reduce" | "all_to_all" | "broadcast".
+    axes: the mesh axes of its group.
+    bytes: per-rank size of the full buffer (gathered output / unreduced input / local tensor).
+    phase: "forward" or "backward" (forward collectives run again in backward when checkpointed).
+    tag: what moves, for people and for matching with measurements ("input", "weight", "output",
+        "grad_input", "grad_weight", "stats", "edge").
+    """
+
+    kind: str
+    axes: Axes
+    bytes: int
+    phase: str
+    tag: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.phase[:3]} {self.kind}({''.join(self.axes)}) {self.bytes}B {self.tag}".rstrip()
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to run an op. `options` holds scheme details as sorted (key, value) pairs, e.g.
+    (("roles", ("z", "x", "y")), ("save_input", "shard")) for a 3D linear."""
+
+    scheme: str
+    inputs: tuple[Layout | None, ...]
+    outputs: tuple[Layout, ...]
+    params: tuple[tuple[str, Layout], ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def option(self, key: str, default: Any = None) -> Any:
+        for k, v in self.options:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def output(self) -> Layout:
+        return self.outputs[0]
+
+    def label(self) -> str:
+        opts = ",".join(f"{k}={''.join(v) if isinstance(v, tuple) else v}" for k, v in self.options)
+        return self.scheme + (f"[{opts}]" if opts else "")
+
+    def __str__(self) -> str:
+        ins = ", ".join(str(x) if x is not None else "_" for x in self.inputs)
+        outs = ", ".join(str(x) for x in self.outputs)
+        return f"{self.label()} ({ins}) -> {outs}"
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """A tensor autograd keeps for backward: `key` identifies it (so two ops saving the same tensor count
+    it once), `bytes` is its local size."""
+
+    key: str
+    bytes: int
+
+
+@dataclass
+class OpCost:
+    """What one strategy of one op costs one rank in one training step (forward + backward).
+
+    param_elems: parameter elements this rank stores (model-state bytes = param_elems * bytes_per_param).
+    saved: tensors autograd keeps for backward (local sizes).
+    transient_bytes: the largest temporary buffer alive while the op runs (gathered weights/inputs,
+        unreduced outputs, gradient buffers).
+    flops: local forward + backward FLOPs; fwd_flops: the forward part (re-run when checkpointed).
+    compute_s / fwd_compute_s: roofline seconds for flops / fwd_flops.
+    collectives: the op's internal collectives, forward and backward.
+    comm_s / fwd_comm_s: alpha-beta seconds of all collectives / of the forward ones.
+    """
+
+    param_elems: int = 0
+    saved: tuple[SavedTensor, ...] = ()
+    transient_bytes: int = 0
+    flops: float = 0.0
+    fwd_flops: float = 0.0
+    compute_s: float = 0.0
+    fwd_compute_s: float = 0.0
+    collectives: tuple[Collective, ...] = ()
+    comm_s: float = 0.0
+    fwd_comm_s: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(s.bytes for s in self.saved)
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+    @property
+    def recompute_s(self) -> float:
+        """Extra seconds when the op's block is checkpointed: its forward runs again in backward."""
+        return self.fwd_compute_s + self.fwd_comm_s
+
+    @property
+    def comm_bytes(self) -> int:
+        return sum(c.bytes for c in self.collectives)
