@@ -1,0 +1,41 @@
+"""planner: a memory-budgeted auto-parallelization planner for PyTorch.
+
+    from planner import plan, apply_plan, gather_state_dict, Plan
+    p = plan(model, budget="16GiB", world_size=8, example_inputs=(ids, targets))
+    p.save("plan.json")
+    parallel_model = apply_plan(model, Plan.load("plan.json"))   # on every rank, inside a process group
+
+Names are imported on first use, so `import planner` stays cheap and each part can be used alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "plan": "planner.api",
+    "InfeasibleError": "planner.api",
+    "WorldSizeError": "planner.api",
+    "Plan": "planner.plan_format",
+    "PlanError": "planner.plan_format",
+    "apply_plan": "planner.apply",
+    "gather_state_dict": "planner.state",
+    "capture": "planner.capture",
+    "CaptureError": "planner.capture",
+    "ModelGraph": "planner.graph",
+    "BudgetError": "planner.units",
+    "parse_bytes": "planner.units",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
