@@ -26,20 +26,17 @@ the same checks, so a plan that saves also loads.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import math
-import numbers
 import os
 import tempfile
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 from cost_models.layout import Layout, LayoutError
-from cost_models.mesh import Mesh, MeshError
+from cost_models.mesh import Mesh
 from cost_models.strategy import SCHEMES, Strategy
+from planner.plan_json import REPLAN, JsonReader, PlanError, describe, format_json, read_mesh, to_data
 
 __all__ = [
     "SCHEMA_VERSION", "SOLVER_STATUSES", "DEVICE_KINDS", "PlanError", "ModelInfo", "AssignmentCost",
@@ -51,11 +48,6 @@ SOLVER_STATUSES = ("optimal", "feasible", "infeasible", "error")
 DEVICE_KINDS = ("cuda", "cpu")
 # Scheme names a user may ask for: every strategy scheme plus "1d" (1d_col and 1d_row together).
 _OPTION_SCHEMES = SCHEMES + ("1d",)
-_REPLAN = "re-run `planner plan` to write a new plan"
-
-
-class PlanError(ValueError):
-    """A plan that cannot be read or written: names the field that is wrong and how to fix it."""
 
 
 @dataclass
@@ -165,12 +157,13 @@ class SolverInfo:
 
 @dataclass
 class PlanOptions:
-    """The settings the plan was made with. device: the device kind the costs assume ("cuda" or "cpu")."""
+    """The settings the plan was made with. device: the device kind the costs assume ("cuda" or "cpu");
+    schemes: the schemes the heavy ops were restricted to, None when every scheme was allowed."""
 
     bytes_per_param: int
     device: str
     checkpointing: bool
-    schemes: list[str]
+    schemes: list[str] | None
 
 
 @dataclass
@@ -197,7 +190,7 @@ class Plan:
     # --- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON data (dicts, lists, numbers, strings), without checking it."""
-        data = _dump(self, Plan, "")
+        data = to_data(self, Plan, "")
         data["world_size"] = self.world_size
         return data
 
@@ -205,23 +198,23 @@ class Plan:
         """Deterministic JSON text; raises PlanError if the plan would not load back."""
         data = self.to_dict()
         Plan.from_dict(data)
-        return _format(data, 0) + "\n"
+        return format_json(data) + "\n"
 
     @classmethod
     def from_dict(cls, data: Any) -> Plan:
         """Build and check a plan from JSON data; raises PlanError naming the first bad field."""
         if not isinstance(data, dict):
-            raise PlanError(f"a plan is a JSON object, got {_kind(data)}; is this a plan file?")
+            raise PlanError(f"a plan is a JSON object, got {describe(data)}; is this a plan file?")
         _check_version(data)
-        mesh = _read_mesh(data.get("mesh"), "mesh") if "mesh" in data else None
+        mesh = read_mesh(data.get("mesh"), "mesh") if "mesh" in data else None
         body = {k: v for k, v in data.items() if k != "world_size"}
         if "world_size" not in data:
-            raise PlanError(f"missing key 'world_size' at the top level; {_REPLAN}")
-        plan = _Reader(mesh).dataclass(Plan, body, "")
+            raise PlanError(f"missing key 'world_size' at the top level; {REPLAN}")
+        plan = JsonReader(mesh).dataclass(Plan, body, "")
         world = data["world_size"]
         if not isinstance(world, int) or isinstance(world, bool) or world != plan.world_size:
             raise PlanError(f"world_size: {world!r} does not match the mesh {plan.mesh} "
-                            f"({plan.world_size} ranks); {_REPLAN}")
+                            f"({plan.world_size} ranks); {REPLAN}")
         _check_plan(plan)
         return plan
 
@@ -229,14 +222,14 @@ class Plan:
     def from_json(cls, text: str) -> Plan:
         """Parse plan JSON text (json.loads only: nothing in the file is executed)."""
         def reject(constant: str) -> None:
-            raise PlanError(f"the JSON holds {constant}, which is not a number a plan may contain; {_REPLAN}")
+            raise PlanError(f"the JSON holds {constant}, which is not a number a plan may contain; {REPLAN}")
         try:
             data = json.loads(text, parse_constant=reject)
         except json.JSONDecodeError as e:
             raise PlanError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): the file is "
-                            f"truncated or is not a plan; {_REPLAN}") from None
+                            f"truncated or is not a plan; {REPLAN}") from None
         except RecursionError:
-            raise PlanError(f"the JSON is nested too deeply to be a plan; {_REPLAN}") from None
+            raise PlanError(f"the JSON is nested too deeply to be a plan; {REPLAN}") from None
         return cls.from_dict(data)
 
     # --- files ---------------------------------------------------------------------------------
@@ -280,84 +273,12 @@ class Plan:
             raise PlanError(f"{path}: {e}") from None
 
 
-# --- writing -----------------------------------------------------------------------------------
-
-def _optional(hint: Any) -> Any | None:
-    """X for a hint `X | None`, else None."""
-    if get_origin(hint) in (Union, types.UnionType):
-        return next(a for a in get_args(hint) if a is not type(None))
-    return None
-
-
-def _dump(value: Any, hint: Any, path: str) -> Any:
-    """`value` as JSON data, following the type hint (tuples become lists, numpy numbers plain ones)."""
-    inner = _optional(hint)
-    if inner is not None:
-        if value is None or (inner is float and isinstance(value, numbers.Real) and not math.isfinite(value)):
-            return None
-        return _dump(value, inner, path)
-    origin = get_origin(hint)
-    if origin is list:
-        return [_dump(v, get_args(hint)[0], f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        return {str(k): _dump(v, get_args(hint)[1], _join(path, str(k))) for k, v in value.items()}
-    if hint in (Layout, Mesh):
-        return value.to_json()
-    if dataclasses.is_dataclass(hint):
-        hints = get_type_hints(hint)
-        return {f.name: _dump(getattr(value, f.name), hints[f.name], _join(path, f.name))
-                for f in dataclasses.fields(hint)}
-    return _plain(value, path)
-
-
-def _plain(value: Any, path: str) -> Any:
-    """Free-form JSON data (options, hardware numbers): tuples to lists, numpy scalars to Python ones."""
-    if value is None or isinstance(value, bool | str):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        if not math.isfinite(value):
-            raise PlanError(f"{path}: {value} is not a finite number and cannot be written to a plan")
-        return float(value)
-    if isinstance(value, list | tuple):
-        return [_plain(v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        return {str(k): _plain(v, _join(path, str(k))) for k, v in value.items()}
-    raise PlanError(f"{path}: a {type(value).__name__} cannot be written to a plan (JSON data only)")
-
-
-def _format(data: Any, level: int) -> str:
-    """Indented JSON with sorted keys where a short container (a layout, a cost) stays on one line, so
-    plans read and diff line by line; floats are written by repr, as json.dumps does."""
-    flat = json.dumps(data, sort_keys=True, allow_nan=False, separators=(", ", ": "))
-    if not isinstance(data, dict | list) or len(flat) + 2 * level <= 110 or not data:
-        return flat
-    pad = "  " * (level + 1)
-    if isinstance(data, list):
-        body = [pad + _format(v, level + 1) for v in data]
-        return "[\n" + ",\n".join(body) + "\n" + "  " * level + "]"
-    body = [f"{pad}{json.dumps(k)}: {_format(data[k], level + 1)}" for k in sorted(data)]
-    return "{\n" + ",\n".join(body) + "\n" + "  " * level + "}"
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
-
-
-# --- reading -----------------------------------------------------------------------------------
-
 def _check_version(data: dict[str, Any]) -> None:
     version = data.get("schema_version")
     if version is None:
         raise PlanError("missing key 'schema_version': this is not a plan written by `planner plan`")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise PlanError(f"schema_version: expected an integer, got {_kind(version)}; {_REPLAN}")
+        raise PlanError(f"schema_version: expected an integer, got {describe(version)}; {REPLAN}")
     if version > SCHEMA_VERSION:
         raise PlanError(f"schema_version {version}: this plan was made by a newer planner (this one reads "
                         f"version {SCHEMA_VERSION}); upgrade planner to read it")
@@ -366,132 +287,32 @@ def _check_version(data: dict[str, Any]) -> None:
                         f"version {SCHEMA_VERSION}); re-plan with `planner plan`")
 
 
-def _read_mesh(data: Any, path: str) -> Mesh:
-    if not isinstance(data, dict) or set(data) != {"shape", "axis_names", "ranks_per_node"}:
-        raise PlanError(f"{path}: expected an object with keys axis_names, ranks_per_node, shape; "
-                        f"got {data if not isinstance(data, dict) else sorted(data)!r}; {_REPLAN}")
-    shape, names, per_node = data["shape"], data["axis_names"], data["ranks_per_node"]
-    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
-        raise PlanError(f"{path}.shape: expected a list of integers, got {shape!r}; {_REPLAN}")
-    if not isinstance(names, list) or not all(isinstance(a, str) for a in names):
-        raise PlanError(f"{path}.axis_names: expected a list of strings, got {names!r}; {_REPLAN}")
-    if not isinstance(per_node, int) or isinstance(per_node, bool):
-        raise PlanError(f"{path}.ranks_per_node: expected an integer, got {per_node!r}; {_REPLAN}")
-    try:
-        return Mesh(tuple(shape), tuple(names), per_node)
-    except MeshError as e:
-        raise PlanError(f"{path}: {e}; {_REPLAN}") from None
-
-
-class _Reader:
-    """Turns JSON data into plan dataclasses by their type hints, checking types, signs and layouts."""
-
-    def __init__(self, mesh: Mesh | None) -> None:
-        self.mesh = mesh
-
-    def value(self, data: Any, hint: Any, path: str) -> Any:
-        inner = _optional(hint)
-        if inner is not None:
-            return None if data is None else self.value(data, inner, path)
-        origin = get_origin(hint)
-        if origin is list:
-            self._expect(isinstance(data, list), "a list", data, path)
-            return [self.value(v, get_args(hint)[0], f"{path}[{i}]") for i, v in enumerate(data)]
-        if origin is dict:
-            self._expect(isinstance(data, dict), "an object", data, path)
-            return {k: self.value(v, get_args(hint)[1], _join(path, k)) for k, v in data.items()}
-        if hint is Mesh:
-            return self.mesh if self.mesh is not None else _read_mesh(data, path)
-        if hint is Layout:
-            return self.layout(data, path)
-        if dataclasses.is_dataclass(hint):
-            return self.dataclass(hint, data, path)
-        if hint is Any:
-            return data
-        if hint is bool:
-            self._expect(isinstance(data, bool), "true or false", data, path)
-            return data
-        if hint is str:
-            self._expect(isinstance(data, str), "a string", data, path)
-            return data
-        if hint is int:
-            self._expect(isinstance(data, int) and not isinstance(data, bool), "an integer", data, path)
-        elif hint is float:
-            self._expect(isinstance(data, int | float) and not isinstance(data, bool), "a number", data, path)
-            data = float(data)
-        else:
-            raise AssertionError(f"no reader for type {hint!r} at {path}")
-        if data < 0:
-            raise PlanError(f"{path}: must not be negative, got {data}; {_REPLAN}")
-        return data
-
-    def dataclass(self, cls: Any, data: Any, path: str) -> Any:
-        self._expect(isinstance(data, dict), "an object", data, path)
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise PlanError(f"missing key {missing[0]!r} in {path or 'the top level'}; {_REPLAN}")
-        unknown = sorted(set(data) - set(names))
-        if unknown:
-            raise PlanError(f"unknown key {unknown[0]!r} in {path or 'the top level'} (keys of schema "
-                            f"version {SCHEMA_VERSION}: {', '.join(sorted(names))}); {_REPLAN}")
-        hints = get_type_hints(cls)
-        return cls(**{n: self.value(data[n], hints[n], _join(path, n)) for n in names})
-
-    def layout(self, data: Any, path: str) -> Layout:
-        self._expect(isinstance(data, dict), "a layout object", data, path)
-        extra = sorted(set(data) - {"dims", "partial", "interleave"})
-        dims, partial, interleave = data.get("dims"), data.get("partial", []), data.get("interleave", 1)
-        ok = (not extra and isinstance(dims, list) and all(isinstance(d, list) for d in dims)
-              and all(isinstance(a, str) for d in dims for a in d) and isinstance(partial, list)
-              and all(isinstance(a, str) for a in partial) and isinstance(interleave, int)
-              and not isinstance(interleave, bool))
-        if not ok:
-            raise PlanError(f"{path}: malformed layout {data!r} (expected {{\"dims\": [[axes], ...], "
-                            f"\"partial\": [axes], \"interleave\": n}}); {_REPLAN}")
-        try:
-            layout = Layout.from_json(data)
-        except LayoutError as e:
-            raise PlanError(f"{path}: {e}; {_REPLAN}") from None
-        if self.mesh is not None:
-            unknown = [a for a in layout.axes() + layout.partial if a not in self.mesh.axis_names]
-            if unknown:
-                raise PlanError(f"{path}: layout {layout} uses mesh axis {unknown[0]!r}, but the plan's mesh "
-                                f"{self.mesh} has axes {', '.join(self.mesh.axis_names)}; {_REPLAN}")
-        return layout
-
-    @staticmethod
-    def _expect(ok: bool, what: str, data: Any, path: str) -> None:
-        if not ok:
-            raise PlanError(f"{path or 'plan'}: expected {what}, got {_kind(data)}; {_REPLAN}")
-
-
 def _check_plan(plan: Plan) -> None:
     """Checks that span fields: names that must exist, the peak identity, layouts that fit shapes."""
     nodes: set[str] = set()
     for i, a in enumerate(plan.assignments):
         if a.scheme not in SCHEMES:
             raise PlanError(f"assignments[{i}].scheme: unknown scheme {a.scheme!r} (known: {', '.join(SCHEMES)});"
-                            f" {_REPLAN} with this planner")
+                            f" {REPLAN} with this planner")
         if a.node in nodes:
-            raise PlanError(f"assignments[{i}].node: node {a.node!r} is assigned twice; {_REPLAN}")
+            raise PlanError(f"assignments[{i}].node: node {a.node!r} is assigned twice; {REPLAN}")
         nodes.add(a.node)
     for i, op in enumerate(plan.predicted.per_op):
         if op.node not in nodes:
-            raise PlanError(f"predicted.per_op[{i}].node: {op.node!r} has no assignment; {_REPLAN}")
+            raise PlanError(f"predicted.per_op[{i}].node: {op.node!r} has no assignment; {REPLAN}")
         if op.scheme not in SCHEMES:
-            raise PlanError(f"predicted.per_op[{i}].scheme: unknown scheme {op.scheme!r}; {_REPLAN}")
+            raise PlanError(f"predicted.per_op[{i}].scheme: unknown scheme {op.scheme!r}; {REPLAN}")
     blocks = {a.block for a in plan.assignments if a.block is not None}
     for i, b in enumerate(plan.checkpoint):
         if b not in blocks:
-            raise PlanError(f"checkpoint[{i}]: block {b!r} holds no planned op; {_REPLAN}")
+            raise PlanError(f"checkpoint[{i}]: block {b!r} holds no planned op; {REPLAN}")
     for i, r in enumerate(plan.redistributions):
         for key in ("src_layout", "dst_layout"):
             try:
                 getattr(r, key).local_shape(r.shape, plan.mesh)
             except LayoutError as e:
-                raise PlanError(f"redistributions[{i}].{key}: {e}; {_REPLAN}") from None
-    for i, s in enumerate(plan.options.schemes):
+                raise PlanError(f"redistributions[{i}].{key}: {e}; {REPLAN}") from None
+    for i, s in enumerate(plan.options.schemes or []):
         if s not in _OPTION_SCHEMES:
             raise PlanError(f"options.schemes[{i}]: unknown scheme {s!r} (known: {', '.join(_OPTION_SCHEMES)})")
     if plan.options.device not in DEVICE_KINDS:
@@ -506,4 +327,4 @@ def _check_plan(plan: Plan) -> None:
     if p.peak_memory_bytes != p.model_state_bytes + p.activation_bytes + p.transient_bytes:
         raise PlanError(f"predicted.peak_memory_bytes: {p.peak_memory_bytes} is not model_state_bytes + "
                         f"activation_bytes + transient_bytes = {p.model_state_bytes} + {p.activation_bytes} + "
-                        f"{p.transient_bytes}; {_REPLAN}")
+                        f"{p.transient_bytes}; {REPLAN}")

@@ -1,0 +1,197 @@
+"""Typed JSON for the plan dataclasses: writing by type hints, reading with checks that name the field.
+
+`to_data` turns a dataclass (with `Layout` and `Mesh` fields, lists, dicts, optional values) into JSON data;
+`JsonReader` turns JSON data back, checking every type, refusing negative numbers, missing and unknown
+keys, and layouts that use axes the mesh does not have. `format_json` writes the data deterministically.
+Errors are `PlanError`s whose message starts with the field's path (`assignments[3].cost.saved_bytes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+import types
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from cost_models.layout import Layout, LayoutError
+from cost_models.mesh import Mesh, MeshError
+
+__all__ = ["PlanError", "REPLAN", "to_data", "format_json", "JsonReader", "read_mesh", "describe"]
+
+REPLAN = "re-run `planner plan` to write a new plan"
+
+
+class PlanError(ValueError):
+    """A plan that cannot be read or written: names the field that is wrong and how to fix it."""
+
+
+def _optional(hint: Any) -> Any | None:
+    """X for a hint `X | None`, else None."""
+    if get_origin(hint) in (Union, types.UnionType):
+        return next(a for a in get_args(hint) if a is not type(None))
+    return None
+
+
+def to_data(value: Any, hint: Any, path: str) -> Any:
+    """`value` as JSON data, following the type hint (tuples become lists, numpy numbers plain ones)."""
+    inner = _optional(hint)
+    if inner is not None:
+        if value is None or (inner is float and isinstance(value, numbers.Real) and not math.isfinite(value)):
+            return None
+        return to_data(value, inner, path)
+    origin = get_origin(hint)
+    if origin is list:
+        return [to_data(v, get_args(hint)[0], f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        return {str(k): to_data(v, get_args(hint)[1], _join(path, str(k))) for k, v in value.items()}
+    if hint in (Layout, Mesh):
+        return value.to_json()
+    if dataclasses.is_dataclass(hint):
+        hints = get_type_hints(hint)
+        return {f.name: to_data(getattr(value, f.name), hints[f.name], _join(path, f.name))
+                for f in dataclasses.fields(hint)}
+    return _plain(value, path)
+
+
+def _plain(value: Any, path: str) -> Any:
+    """Free-form JSON data (options, hardware numbers): tuples to lists, numpy scalars to Python ones."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        if not math.isfinite(value):
+            raise PlanError(f"{path}: {value} is not a finite number and cannot be written to a plan")
+        return float(value)
+    if isinstance(value, list | tuple):
+        return [_plain(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {str(k): _plain(v, _join(path, str(k))) for k, v in value.items()}
+    raise PlanError(f"{path}: a {type(value).__name__} cannot be written to a plan (JSON data only)")
+
+
+def format_json(data: Any, level: int = 0) -> str:
+    """Indented JSON with sorted keys where a short container (a layout, a cost) stays on one line, so
+    plans read and diff line by line; floats are written by repr, as json.dumps does."""
+    flat = json.dumps(data, sort_keys=True, allow_nan=False, separators=(", ", ": "))
+    if not isinstance(data, dict | list) or len(flat) + 2 * level <= 110 or not data:
+        return flat
+    pad = "  " * (level + 1)
+    if isinstance(data, list):
+        body = [pad + format_json(v, level + 1) for v in data]
+        return "[\n" + ",\n".join(body) + "\n" + "  " * level + "]"
+    body = [f"{pad}{json.dumps(k)}: {format_json(data[k], level + 1)}" for k in sorted(data)]
+    return "{\n" + ",\n".join(body) + "\n" + "  " * level + "}"
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def describe(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+def read_mesh(data: Any, path: str) -> Mesh:
+    if not isinstance(data, dict) or set(data) != {"shape", "axis_names", "ranks_per_node"}:
+        raise PlanError(f"{path}: expected an object with keys axis_names, ranks_per_node, shape; "
+                        f"got {data if not isinstance(data, dict) else sorted(data)!r}; {REPLAN}")
+    shape, names, per_node = data["shape"], data["axis_names"], data["ranks_per_node"]
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+        raise PlanError(f"{path}.shape: expected a list of integers, got {shape!r}; {REPLAN}")
+    if not isinstance(names, list) or not all(isinstance(a, str) for a in names):
+        raise PlanError(f"{path}.axis_names: expected a list of strings, got {names!r}; {REPLAN}")
+    if not isinstance(per_node, int) or isinstance(per_node, bool):
+        raise PlanError(f"{path}.ranks_per_node: expected an integer, got {per_node!r}; {REPLAN}")
+    try:
+        return Mesh(tuple(shape), tuple(names), per_node)
+    except MeshError as e:
+        raise PlanError(f"{path}: {e}; {REPLAN}") from None
+
+
+class JsonReader:
+    """Turns JSON data into plan dataclasses by their type hints, checking types, signs and layouts."""
+
+    def __init__(self, mesh: Mesh | None) -> None:
+        self.mesh = mesh
+
+    def value(self, data: Any, hint: Any, path: str) -> Any:
+        inner = _optional(hint)
+        if inner is not None:
+            return None if data is None else self.value(data, inner, path)
+        origin = get_origin(hint)
+        if origin is list:
+            self._expect(isinstance(data, list), "a list", data, path)
+            return [self.value(v, get_args(hint)[0], f"{path}[{i}]") for i, v in enumerate(data)]
+        if origin is dict:
+            self._expect(isinstance(data, dict), "an object", data, path)
+            return {k: self.value(v, get_args(hint)[1], _join(path, k)) for k, v in data.items()}
+        if hint is Mesh:
+            return self.mesh if self.mesh is not None else read_mesh(data, path)
+        if hint is Layout:
+            return self.layout(data, path)
+        if dataclasses.is_dataclass(hint):
+            return self.dataclass(hint, data, path)
+        if hint is Any:
+            return data
+        if hint is bool:
+            self._expect(isinstance(data, bool), "true or false", data, path)
+            return data
+        if hint is str:
+            self._expect(isinstance(data, str), "a string", data, path)
+            return data
+        if hint is int:
+            self._expect(isinstance(data, int) and not isinstance(data, bool), "an integer", data, path)
+        elif hint is float:
+            self._expect(isinstance(data, int | float) and not isinstance(data, bool), "a number", data, path)
+            data = float(data)
+        else:
+            raise AssertionError(f"no reader for type {hint!r} at {path}")
+        if data < 0:
+            raise PlanError(f"{path}: must not be negative, got {data}; {REPLAN}")
+        return data
+
+    def dataclass(self, cls: Any, data: Any, path: str) -> Any:
+        self._expect(isinstance(data, dict), "an object", data, path)
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise PlanError(f"missing key {missing[0]!r} in {path or 'the top level'}; {REPLAN}")
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise PlanError(f"unknown key {unknown[0]!r} in {path or 'the top level'} (the keys there are "
+                            f"{', '.join(sorted(names))}); {REPLAN}")
+        hints = get_type_hints(cls)
+        return cls(**{n: self.value(data[n], hints[n], _join(path, n)) for n in names})
+
+    def layout(self, data: Any, path: str) -> Layout:
+        self._expect(isinstance(data, dict), "a layout object", data, path)
+        extra = sorted(set(data) - {"dims", "partial", "interleave"})
+        dims, partial, interleave = data.get("dims"), data.get("partial", []), data.get("interleave", 1)
+        ok = (not extra and isinstance(dims, list) and all(isinstance(d, list) for d in dims)
+              and all(isinstance(a, str) for d in dims for a in d) and isinstance(partial, list)
+              and all(isinstance(a, str) for a in partial) and isinstance(interleave, int)
+              and not isinstance(interleave, bool))
+        if not ok:
+            raise PlanError(f"{path}: malformed layout {data!r} (expected {{\"dims\": [[axes], ...], "
+                            f"\"partial\": [axes], \"interleave\": n}}); {REPLAN}")
+        try:
+            layout = Layout.from_json(data)
+        except LayoutError as e:
+            raise PlanError(f"{path}: {e}; {REPLAN}") from None
+        if self.mesh is not None:
+            unknown = [a for a in layout.axes() + layout.partial if a not in self.mesh.axis_names]
+            if unknown:
+                raise PlanError(f"{path}: layout {layout} uses mesh axis {unknown[0]!r}, but the plan's mesh "
+                                f"{self.mesh} has axes {', '.join(self.mesh.axis_names)}; {REPLAN}")
+        return layout
+
+    @staticmethod
+    def _expect(ok: bool, what: str, data: Any, path: str) -> None:
+        if not ok:
+            raise PlanError(f"{path or 'plan'}: expected {what}, got {describe(data)}; {REPLAN}")
