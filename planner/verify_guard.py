@@ -1,0 +1,195 @@
+"""Process-group start-up from torchrun's environment, and a guard that stops every rank when one fails.
+
+A rank that raises inside a collective program leaves the others blocked in their next collective until
+the backend's timeout (minutes). `RankGuard` bounds that: the failing rank writes its message to the
+rendezvous store, and a watchdog thread on every rank polls the store; on seeing a failure it prints the
+failing rank's message and exits the process with a non-zero code. Each rank also publishes a heartbeat
+counter; a rank whose counter stops moving for `dead_after_s` (killed, segfaulted) is reported the same
+way, so every rank exits within a bounded time whatever happened.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistContext", "LaunchError", "init_distributed", "RankGuard", "FAILED_KEY"]
+
+FAILED_KEY = "failed"
+
+
+class LaunchError(ValueError):
+    """The process was not started the way a distributed command needs (missing torchrun variables)."""
+
+
+@dataclass
+class DistContext:
+    """What one rank knows after start-up."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    store: dist.Store
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None or not value.lstrip("-").isdigit():
+        raise LaunchError(f"environment variable {name} is {value!r}; start this command with "
+                          "`torchrun --standalone --nproc-per-node N -m planner ...`")
+    return int(value)
+
+
+def init_distributed(timeout_s: float = 300.0, backend: str | None = None) -> DistContext:
+    """Initialise the default process group from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT): NCCL with one GPU per local rank when CUDA is available, else gloo.
+
+    The store is created here (as `env://` would: a client of torchrun's agent store, or hosted by rank 0
+    when no agent runs) so that `RankGuard` can use it too. Collectives time out after `timeout_s`.
+    """
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = _env_int("MASTER_PORT")
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        device = torch.device("cuda", local % max(torch.cuda.device_count(), 1))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world, is_master=(rank == 0 and not agent),
+                          timeout=timedelta(seconds=timeout_s), multi_tenant=True)
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"planner/{run}/", store)
+    dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    return DistContext(rank, world, local, device, backend, dist.PrefixStore("guard/", store))
+
+
+class RankGuard:
+    """Context manager: an exception inside it, or a failure or silence of another rank, ends this
+    process with exit code `exit_code` after printing which rank failed and why.
+
+    store: a store all ranks share; poll_s: watchdog period; dead_after_s: heartbeat silence after which
+    another rank counts as dead. `exit` is `os._exit` by default: a clean interpreter exit could block in
+    a process group's destructor while a peer is stuck in a collective.
+    """
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, *, poll_s: float = 0.5,
+                 dead_after_s: float = 60.0, exit_code: int = 1,
+                 exit: Callable[[int], None] = os._exit) -> None:
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.poll_s, self.dead_after_s, self.exit_code = poll_s, dead_after_s, exit_code
+        self._exit = exit
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"rank-guard-{rank}", daemon=True)
+        self._beat = 0
+
+    # --- the failing side ----------------------------------------------------------------------
+    def fail(self, message: str, *, grace_s: float = 2.0) -> None:
+        """Publish `message` as this rank's failure and exit.
+
+        This rank's error is often only a symptom (a collective whose peer closed its connection), so
+        for `grace_s` it waits for another rank's published failure and prints that as the cause. If
+        none comes, ranks whose heartbeat stood still during the wait (killed, crashed) are named as
+        the likely cause. The first failure published wins on every rank.
+        """
+        text = f"rank {self.rank}: {message}"
+        cause = None
+        try:
+            before = self._beats()
+            deadline = time.monotonic() + max(grace_s, 3 * self.poll_s)
+            while cause is None and time.monotonic() < deadline:
+                if self.store.check([FAILED_KEY]):
+                    cause = self.store.get(FAILED_KEY).decode(errors="replace")
+                else:
+                    time.sleep(0.05)
+            if cause is None:
+                after = self._beats()
+                silent = [r for r in before if r != self.rank and before[r] == after.get(r)
+                          and not self.store.check([f"done/{r}"])]
+                if silent:
+                    last = message.splitlines()[-1] if message else ""
+                    text = (f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))} stopped "
+                            f"responding (killed or crashed); rank {self.rank} saw: {last}")
+                cause = self.store.compare_set(FAILED_KEY, "", text).decode(errors="replace") or text
+        except Exception:  # noqa: BLE001 - the store itself may be gone; still exit
+            cause = text
+        self._stop.set()
+        if cause != text:
+            last = message.splitlines()[-1] if message else ""
+            print(f"[planner] rank {self.rank} stopping because {cause}\n[planner] (rank {self.rank} saw: {last})",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"[planner] {text}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        self._exit(self.exit_code)
+
+    def _beats(self) -> dict[int, int]:
+        out = {}
+        for r in range(self.world_size):
+            key = f"beat/{r}"
+            out[r] = int(self.store.get(key)) if self.store.check([key]) else -1
+        return out
+
+    # --- the watching side ---------------------------------------------------------------------
+    def _watch(self) -> None:
+        last_seen: dict[int, tuple[int, float]] = {}
+        while not self._stop.wait(self.poll_s):
+            try:
+                self._beat += 1
+                self.store.set(f"beat/{self.rank}", str(self._beat))
+                if self.store.check([FAILED_KEY]):
+                    self._stop_for(self.store.get(FAILED_KEY).decode(errors="replace"))
+                    return
+                now = time.monotonic()
+                for r in range(self.world_size):
+                    if r == self.rank or self.store.check([f"done/{r}"]):
+                        continue
+                    beat = int(self.store.get(f"beat/{r}")) if self.store.check([f"beat/{r}"]) else -1
+                    prev = last_seen.get(r)
+                    if prev is None or prev[0] != beat:
+                        last_seen[r] = (beat, now)
+                    elif now - prev[1] > self.dead_after_s:
+                        self._stop_for(f"rank {r} stopped responding (no heartbeat for {self.dead_after_s:.0f} s): "
+                                       "it was killed or is hung")
+                        return
+            except Exception as e:  # noqa: BLE001 - a lost store means the launcher is gone
+                if self._stop.is_set():
+                    return
+                self._stop_for(f"lost the rendezvous store ({type(e).__name__}: {e}); another rank or the "
+                               "launcher has exited")
+                return
+
+    def _stop_for(self, message: str) -> None:
+        print(f"[planner] rank {self.rank} stopping: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        self._exit(self.exit_code)
+
+    # --- context -------------------------------------------------------------------------------
+    def __enter__(self) -> RankGuard:
+        self._thread.start()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if ev is not None and not isinstance(ev, SystemExit | KeyboardInterrupt):
+            self.fail("".join(traceback.format_exception(et, ev, tb)).rstrip())
+        try:
+            self.store.set(f"done/{self.rank}", "1")
+        finally:
+            self._stop.set()
+            self._thread.join(timeout=5 * self.poll_s)
