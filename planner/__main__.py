@@ -1,0 +1,7 @@
+"""`python -m planner ...`: the same command line as the `planner` console script."""
+
+import sys
+
+from planner.cli import main
+
+sys.exit(main())

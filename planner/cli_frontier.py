@@ -1,0 +1,220 @@
+"""`planner frontier MODEL --world-size 64`: predicted step time against the memory budget.
+
+The sweep runs from the smallest budget any plan fits (`InfeasibleError.min_budget_bytes` of a plan asked
+to fit in 1 byte) to the peak memory of the fastest plan (asked with an unlimited budget), where the plan
+stops changing, in geometric steps. The same sweep is made for the uniform-scheme baselines (each scheme
+alone, with checkpointing allowed and without it). Results go to PREFIX.csv and PREFIX.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from planner.cli_plan import PLANNING_ARGS, load_example, planning_options
+from planner.cli_registry import CliError, arg, command, out_console, progress
+from planner.plan_format import Plan
+from planner.report import scheme_counts
+from planner.units import format_bytes, format_seconds
+
+__all__ = ["BASELINE_SCHEMES", "Curve", "Span", "budget_sweep", "probe_span", "trace_curve", "write_csv", "plot_frontier",
+           "frontier"]
+
+BASELINE_SCHEMES = ("replicate", "fsdp", "1d", "2d", "3d", "3d_allreduce")
+UNLIMITED_BYTES = 2**60  # a budget no model reaches: the plan it gives is the fastest one
+
+PlanAt = Callable[[int], Plan]
+
+
+@dataclass
+class Curve:
+    """One series of the plot: the plan (None where nothing fits) at each budget, budgets ascending."""
+
+    label: str
+    points: list[tuple[int, Plan | None]]
+    note: str = ""
+
+    @property
+    def feasible(self) -> list[tuple[int, Plan]]:
+        return [(b, p) for b, p in self.points if p is not None]
+
+
+def budget_sweep(low: int, high: int, n: int) -> list[int]:
+    """`n` budgets from `low` to `high` inclusive, evenly spaced on a log scale, rounded up to whole bytes."""
+    if n < 2 or high <= low:
+        return sorted({low, max(low, high)})
+    ratio = (high / low) ** (1 / (n - 1))
+    inner = [math.ceil(low * ratio**k) for k in range(1, n - 1)]
+    return sorted({low, *inner, high})
+
+
+@dataclass
+class Span:
+    """The budget range of one configuration: the smallest budget it fits (and the plan there, when a
+    1-byte budget already fits) and its fastest plan, whose peak is where its plan stops changing."""
+
+    low: int
+    low_plan: Plan | None
+    fastest: Plan
+
+    @property
+    def high(self) -> int:
+        return self.fastest.predicted.peak_memory_bytes
+
+
+def probe_span(plan_at: PlanAt, infeasible: type[Exception]) -> Span:
+    """Plan with an unlimited budget and with 1 byte; raises `infeasible` if nothing fits at all."""
+    fastest = plan_at(UNLIMITED_BYTES)
+    try:
+        return Span(1, plan_at(1), fastest)
+    except infeasible as e:
+        need = getattr(e, "min_budget_bytes", None)
+        return Span(need if need is not None else fastest.predicted.peak_memory_bytes, None, fastest)
+
+
+def trace_curve(label: str, plan_at: PlanAt, infeasible: type[Exception], budgets: list[int],
+                span: Span | None = None) -> Curve:
+    """Plans of one configuration at `budgets` and at the ends of its span (probed unless given). Budgets
+    at or above the span's top reuse the fastest plan without solving again."""
+    if span is None:
+        try:
+            span = probe_span(plan_at, infeasible)
+        except infeasible:
+            return Curve(label, [], note="infeasible at any budget")
+        except ValueError as e:  # e.g. a scheme this world size cannot use
+            return Curve(label, [], note=str(e).splitlines()[0])
+    points: dict[int, Plan | None] = {span.high: span.fastest}
+    if span.low_plan is not None:
+        points[span.low] = span.low_plan
+    for b in sorted({span.low, *budgets}):
+        if b >= span.high:
+            points[b] = span.fastest
+        elif b >= span.low and b not in points:
+            try:
+                points[b] = plan_at(b)
+            except infeasible:
+                points[b] = None
+    return Curve(label, sorted(points.items(), key=lambda kv: kv[0]))
+
+
+def _schemes_cell(plan: Plan) -> str:
+    return ";".join(f"{s}:{n}" for s, n in scheme_counts(plan))
+
+
+def write_csv(path: str, curves: list[Curve]) -> None:
+    """One row per (series, budget): budget_bytes, step_time_s, peak_memory_bytes, schemes, checkpointed."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["series", "budget_bytes", "feasible", "step_time_s", "peak_memory_bytes", "schemes",
+                    "checkpointed_blocks"])
+        for c in curves:
+            for budget, p in c.points:
+                if p is None:
+                    w.writerow([c.label, budget, False, "", "", "", ""])
+                else:
+                    w.writerow([c.label, budget, True, repr(p.predicted.step_time_s), p.predicted.peak_memory_bytes,
+                                _schemes_cell(p), len(p.checkpoint)])
+
+
+def plot_frontier(path: str, title: str, planner_curve: Curve, baselines: list[Curve]) -> None:
+    """Step time against budget (GiB, log scale): the planner bold, each baseline in its scheme's colour,
+    solid with checkpointing allowed and dashed without."""
+    from matplotlib.figure import Figure  # Agg canvas, no pyplot state, no display needed
+
+    fig = Figure(figsize=(9, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    colors = dict(zip(BASELINE_SCHEMES, ("tab:gray", "tab:brown", "tab:blue", "tab:green", "tab:red", "tab:purple")))
+    for c in baselines:
+        pts = c.feasible
+        if not pts:
+            continue
+        scheme, _, variant = c.label.partition(" ")
+        ax.plot([b / 2**30 for b, _ in pts], [p.predicted.step_time_s for _, p in pts], drawstyle="steps-post",
+                color=colors.get(scheme, "tab:olive"), linestyle="--" if "no ckpt" in variant else "-",
+                marker="o" if "no ckpt" in variant else "^", markersize=3, linewidth=1.2, alpha=0.85, label=c.label)
+    pts = planner_curve.feasible
+    ax.plot([b / 2**30 for b, _ in pts], [p.predicted.step_time_s for _, p in pts], drawstyle="steps-post",
+            color="black", linewidth=2.6, marker="s", markersize=5, label=planner_curve.label, zorder=5)
+    ax.set_xscale("log")
+    ax.set_xlabel("memory budget per GPU (GiB, log scale)")
+    ax.set_ylabel("predicted step time (s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", title="scheme (checkpointing)")
+    fig.savefig(path, dpi=120)
+
+
+def _baseline_names(text: str) -> list[str]:
+    if text.strip().lower() == "none":
+        return []
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in BASELINE_SCHEMES]
+    if unknown:
+        raise CliError(f"--baselines: unknown scheme {unknown[0]!r}; use a comma-separated subset of "
+                       f"{','.join(BASELINE_SCHEMES)}, or none")
+    return names
+
+
+@command(
+    "frontier", "sweep the memory budget: predicted step time per budget, as CSV and a PNG plot",
+    args=[*PLANNING_ARGS,
+          arg("--budgets", type=int, default=10, metavar="N", help="number of budgets in the sweep (default 10)"),
+          arg("--out-prefix", default="frontier", metavar="PREFIX", help="writes PREFIX.csv and PREFIX.png"),
+          arg("--baselines", default=",".join(BASELINE_SCHEMES), metavar="LIST",
+              help="uniform-scheme reference lines to add, each with and without checkpointing "
+                   "(default: all; 'none' for none)")],
+    description="Plan MODEL at budgets from the smallest that fits to where the plan stops changing, and the "
+                "same for each uniform scheme; write the points to PREFIX.csv and plot step time against "
+                "budget to PREFIX.png.",
+)
+def frontier(args: argparse.Namespace) -> int:
+    if args.budgets < 2:
+        raise CliError(f"--budgets must be at least 2, got {args.budgets}")
+    options = planning_options(args)
+    baselines = _baseline_names(args.baselines)
+    example = load_example(args.model)
+    from planner.api import InfeasibleError, plan
+    from planner.capture import capture
+
+    console = out_console()
+    with progress(f"capturing {example.name}"):
+        graph = capture(example.model, example.example_inputs, name=example.name)
+
+    def plan_with(**extra: Any) -> PlanAt:
+        return lambda budget: plan(graph, budget, **{**options, **extra})
+
+    main = plan_with()
+    with progress(f"finding the budget range of {example.name}"):
+        span = probe_span(main, InfeasibleError)
+    budgets = budget_sweep(span.low, span.high, args.budgets)
+    console.print(f"{example.name}: plans fit from {format_bytes(span.low)} per GPU; the fastest plan needs "
+                  f"{format_bytes(span.high)}; sweeping {len(budgets)} budgets")
+    with progress(f"planning {example.name} at {len(budgets)} budgets"):
+        planner_curve = trace_curve("planner", main, InfeasibleError, budgets, span)
+    curves = []
+    for scheme in baselines:
+        for ckpt in (True, False):
+            label = f"{scheme} ({'ckpt' if ckpt else 'no ckpt'})"
+            extra: dict[str, Any] = {"schemes": [scheme]} | ({} if ckpt else {"checkpointing": False})
+            with progress(f"baseline {label}"):
+                curves.append(trace_curve(label, plan_with(**extra), InfeasibleError, budgets))
+    for c in [planner_curve, *curves]:
+        best = min((p.predicted.step_time_s for _, p in c.feasible), default=None)
+        detail = f"best {format_seconds(best)}, fits from {format_bytes(c.feasible[0][0])}" if best is not None \
+            else c.note or "no feasible point"
+        console.print(f"  {c.label:<26} {detail}")
+    csv_path, png_path = f"{args.out_prefix}.csv", f"{args.out_prefix}.png"
+    try:
+        write_csv(csv_path, [planner_curve, *curves])
+        top = span.fastest
+        plot_frontier(png_path, f"{example.name} on {top.world_size} GPUs, {top.hardware.get('name', '?')}",
+                      planner_curve, curves)
+    except OSError as e:
+        raise CliError(f"cannot write {args.out_prefix}.csv/.png: {e.strerror or e}") from e
+    console.print(f"wrote {csv_path} and {png_path}")
+    return 0
+
