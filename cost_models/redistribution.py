@@ -105,7 +105,9 @@ def plan_redistribution(shape: tuple[int, ...], itemsize: int, src: Layout, dst:
             nbytes = 0
         else:
             nbytes = _nbytes(shape, cur, mesh, itemsize)
-        interleave = cur.interleave if dim == last or dst_dim == last else 1
+        # A slice or scatter produces the new layout's segments (its input's last dim is unsplit or split alike).
+        seg = new.interleave if kind in ("slice", "reduce_scatter") else cur.interleave
+        interleave = seg if dim == last or dst_dim == last else 1
         steps.append(Step(kind, tuple(axes), dim, dst_dim, nbytes, cur, new, interleave))
         cur = new
 
@@ -115,7 +117,8 @@ def plan_redistribution(shape: tuple[int, ...], itemsize: int, src: Layout, dst:
     if pending:
         target = next((d for d, ax in slices.items() if set(ax) == set(pending) and d not in gathers), None)
         if target is not None:
-            new = Layout(cur.dims, tuple(a for a in cur.partial if a not in pending), cur.interleave)
+            seg = dst.interleave if target == last else cur.interleave  # scattering the last dim makes dst's segments
+            new = Layout(cur.dims, tuple(a for a in cur.partial if a not in pending), seg)
             new = new.with_dim(target, cur.dims[target] + slices.pop(target))
             push("reduce_scatter", new.dims[target][keep[target]:], target, new)
         else:
