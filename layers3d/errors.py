@@ -1,0 +1,14 @@
+"""Named errors of the parallel runtime: user mistakes say what was wrong and how to fix it."""
+
+from __future__ import annotations
+
+__all__ = ["ShardingError", "MeshSetupError"]
+
+
+class ShardingError(ValueError):
+    """A tensor or parameter dim that the requested mesh axes do not divide, or a scheme/axes choice that
+    does not fit the layer (names the dim, the axes and how to fix it)."""
+
+
+class MeshSetupError(ValueError):
+    """A DeviceMesh that does not match the initialised process group (world size, backend state)."""
