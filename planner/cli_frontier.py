@@ -78,8 +78,8 @@ def probe_span(plan_at: PlanAt, infeasible: type[Exception]) -> Span:
 
 def trace_curve(label: str, plan_at: PlanAt, infeasible: type[Exception], budgets: list[int],
                 span: Span | None = None) -> Curve:
-    """Plans of one configuration at `budgets` and at the ends of its span (probed unless given). Budgets
-    at or above the span's top reuse the fastest plan without solving again."""
+    """Plans of one configuration at `budgets` and at the ends of its span (probed unless given): None below
+    the span, the fastest plan (without solving again) at or above its top."""
     if span is None:
         try:
             span = probe_span(plan_at, infeasible)
@@ -93,7 +93,9 @@ def trace_curve(label: str, plan_at: PlanAt, infeasible: type[Exception], budget
     for b in sorted({span.low, *budgets}):
         if b >= span.high:
             points[b] = span.fastest
-        elif b >= span.low and b not in points:
+        elif b < span.low:
+            points[b] = None
+        elif b not in points:
             try:
                 points[b] = plan_at(b)
             except infeasible:
@@ -121,26 +123,41 @@ def write_csv(path: str, curves: list[Curve]) -> None:
 
 
 def plot_frontier(path: str, title: str, planner_curve: Curve, baselines: list[Curve]) -> None:
-    """Step time against budget (GiB, log scale): the planner bold, each baseline in its scheme's colour,
-    solid with checkpointing allowed and dashed without."""
-    from matplotlib.figure import Figure  # Agg canvas, no pyplot state, no display needed
+    """Step time against budget (log scale): the planner bold, each baseline in its scheme's colour, solid
+    with checkpointing allowed and dashed without. Every line runs on to the right edge: above its last
+    budget the plan no longer changes."""
+    from matplotlib.figure import Figure  # Agg canvas: no pyplot state, no display needed
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    curves = [c for c in [*baselines, planner_curve] if c.feasible]
+    right = max((c.feasible[-1][0] for c in curves), default=1) * 1.05
+    left = min((c.feasible[0][0] for c in curves), default=1)
+    unit, scale = ("GiB", 2**30) if right >= 2**30 else ("MiB", 2**20)
+    colors = dict(zip(BASELINE_SCHEMES, ("tab:gray", "tab:brown", "tab:blue", "tab:green", "tab:red", "tab:purple")))
     fig = Figure(figsize=(9, 5.5), layout="constrained")
     ax = fig.add_subplot()
-    colors = dict(zip(BASELINE_SCHEMES, ("tab:gray", "tab:brown", "tab:blue", "tab:green", "tab:red", "tab:purple")))
-    for c in baselines:
-        pts = c.feasible
-        if not pts:
+    for c in curves:
+        xs = [b / scale for b, _ in c.feasible] + [right / scale]
+        ys = [p.predicted.step_time_s for _, p in c.feasible]
+        ys.append(ys[-1])
+        if c is planner_curve:
+            ax.plot(xs[:-1], ys[:-1], linestyle="none", color="black", marker="s", markersize=5, zorder=6)
+            ax.plot(xs, ys, drawstyle="steps-post", color="black", linewidth=2.6, label=c.label, zorder=5)
             continue
-        scheme, _, variant = c.label.partition(" ")
-        ax.plot([b / 2**30 for b, _ in pts], [p.predicted.step_time_s for _, p in pts], drawstyle="steps-post",
-                color=colors.get(scheme, "tab:olive"), linestyle="--" if "no ckpt" in variant else "-",
-                marker="o" if "no ckpt" in variant else "^", markersize=3, linewidth=1.2, alpha=0.85, label=c.label)
-    pts = planner_curve.feasible
-    ax.plot([b / 2**30 for b, _ in pts], [p.predicted.step_time_s for _, p in pts], drawstyle="steps-post",
-            color="black", linewidth=2.6, marker="s", markersize=5, label=planner_curve.label, zorder=5)
+        no_ckpt = "no ckpt" in c.label
+        ax.plot(xs[:-1], ys[:-1], linestyle="none", color=colors.get(c.label.split()[0], "tab:olive"),
+                marker="o" if no_ckpt else "^", markersize=3.5)
+        ax.plot(xs, ys, drawstyle="steps-post", color=colors.get(c.label.split()[0], "tab:olive"),
+                linestyle="--" if no_ckpt else "-", marker="o" if no_ckpt else "^", markevery=[0], markersize=3.5,
+                linewidth=1.2, alpha=0.85, label=c.label)
     ax.set_xscale("log")
-    ax.set_xlabel("memory budget per GPU (GiB, log scale)")
+    decades = math.log10(right / left) if curves else 1
+    subs = (1.0,) if decades > 2.5 else (1.0, 2.0, 5.0) if decades > 1 else (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(left / scale / 1.05, right / scale)
+    ax.set_xlabel(f"memory budget per GPU ({unit}, log scale)")
     ax.set_ylabel("predicted step time (s)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)

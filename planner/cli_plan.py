@@ -79,7 +79,8 @@ def infeasible_error(error: Any, budget_bytes: int) -> CliError:
     need = getattr(error, "min_budget_bytes", None)
     if need is None:
         return CliError(f"{error}; no budget fits with these options (try more ranks or other --schemes)", 3)
-    suggestion = f"{-(-need * 10 // 2**30) / 10:.1f}GiB"  # rounded up to 0.1 GiB so that it fits
+    unit = next(k for k in range(5, -1, -1) if need >= 1024**k or k == 0)
+    suggestion = f"{-(-need * 10 // 1024**unit) / 10:g}{('B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB')[unit]}"  # rounded up
     return CliError(f"no plan fits in {format_bytes(budget_bytes)} per rank; the smallest budget that fits is "
                     f"{need} bytes ({format_bytes(need)}): try --budget {suggestion}", 3)
 
