@@ -39,7 +39,7 @@ from cost_models.strategy import SCHEMES, Strategy
 from planner.plan_json import REPLAN, JsonReader, PlanError, describe, format_json, read_mesh, to_data
 
 __all__ = [
-    "SCHEMA_VERSION", "SOLVER_STATUSES", "DEVICE_KINDS", "PlanError", "ModelInfo", "AssignmentCost",
+    "SCHEMA_VERSION", "SOLVER_STATUSES", "DEVICE_KINDS", "PlanError", "InputInfo", "ModelInfo", "AssignmentCost",
     "Assignment", "Redistribution", "OpPrediction", "Predicted", "SolverInfo", "PlanOptions", "Plan",
 ]
 
@@ -51,11 +51,23 @@ _OPTION_SCHEMES = SCHEMES + ("1d",)
 
 
 @dataclass
+class InputInfo:
+    """One tensor input of the traced model: its forward argument name, global shape and dtype (torch's
+    short name), so that `apply_plan` can capture the model again without example inputs."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+@dataclass
 class ModelInfo:
-    """The model a plan is for. fingerprint: hash of the traced graph, so a plan is not applied elsewhere."""
+    """The model a plan is for. fingerprint: hash of the traced graph, so a plan is not applied elsewhere;
+    inputs: the tensor inputs it was traced with."""
 
     name: str
     fingerprint: str
+    inputs: list[InputInfo] = field(default_factory=list)
 
 
 @dataclass

@@ -24,7 +24,7 @@ def test_json_keys_follow_the_contract() -> None:
     data = json.loads(make_plan().to_json())
     assert set(data) == TOP_LEVEL_KEYS
     assert data["schema_version"] == SCHEMA_VERSION == 1
-    assert set(data["model"]) == {"name", "fingerprint"}
+    assert set(data["model"]) == {"name", "fingerprint", "inputs"}
     assert data["mesh"] == {"shape": [2, 2, 2], "axis_names": ["x", "y", "z"], "ranks_per_node": 8}
     assert data["world_size"] == 8
     assert set(data["assignments"][0]) == {"node", "target", "kind", "scheme", "strategy", "inputs", "outputs",
