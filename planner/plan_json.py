@@ -9,10 +9,12 @@ Errors are `PlanError`s whose message starts with the field's path (`assignments
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import numbers
 import types
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from cost_models.layout import Layout, LayoutError
@@ -27,31 +29,41 @@ class PlanError(ValueError):
     """A plan that cannot be read or written: names the field that is wrong and how to fix it."""
 
 
-def _optional(hint: Any) -> Any | None:
-    """X for a hint `X | None`, else None."""
-    if get_origin(hint) in (Union, types.UnionType):
-        return next(a for a in get_args(hint) if a is not type(None))
-    return None
+@functools.cache
+def _shape(hint: Any) -> tuple[str, Any]:
+    """How a type hint is written and read, worked out once per hint: ("optional", X) for X | None,
+    ("list", X), ("dict", X) for dict[str, X], ("dataclass", field types by name), or ("leaf", hint)
+    (Layout and Mesh are leaves: they have their own JSON form)."""
+    if hint in (Layout, Mesh):
+        return "leaf", hint
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return "optional", next(a for a in get_args(hint) if a is not type(None))
+    if origin is list:
+        return "list", get_args(hint)[0]
+    if origin is dict:
+        return "dict", get_args(hint)[1]
+    if dataclasses.is_dataclass(hint):
+        hints = get_type_hints(hint)  # resolves the string annotations: slow, hence the cache
+        return "dataclass", {f.name: hints[f.name] for f in dataclasses.fields(hint)}
+    return "leaf", hint
 
 
 def to_data(value: Any, hint: Any, path: str) -> Any:
     """`value` as JSON data, following the type hint (tuples become lists, numpy numbers plain ones)."""
-    inner = _optional(hint)
-    if inner is not None:
+    kind, inner = _shape(hint)
+    if kind == "optional":
         if value is None or (inner is float and isinstance(value, numbers.Real) and not math.isfinite(value)):
             return None
         return to_data(value, inner, path)
-    origin = get_origin(hint)
-    if origin is list:
-        return [to_data(v, get_args(hint)[0], f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        return {str(k): to_data(v, get_args(hint)[1], _join(path, str(k))) for k, v in value.items()}
+    if kind == "list":
+        return [to_data(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
+    if kind == "dict":
+        return {str(k): to_data(v, inner, _join(path, str(k))) for k, v in value.items()}
+    if kind == "dataclass":
+        return {name: to_data(getattr(value, name), h, _join(path, name)) for name, h in inner.items()}
     if hint in (Layout, Mesh):
         return value.to_json()
-    if dataclasses.is_dataclass(hint):
-        hints = get_type_hints(hint)
-        return {f.name: to_data(getattr(value, f.name), hints[f.name], _join(path, f.name))
-                for f in dataclasses.fields(hint)}
     return _plain(value, path)
 
 
@@ -72,18 +84,45 @@ def _plain(value: Any, path: str) -> Any:
     raise PlanError(f"{path}: a {type(value).__name__} cannot be written to a plan (JSON data only)")
 
 
-def format_json(data: Any, level: int = 0) -> str:
+def format_json(data: Any) -> str:
     """Indented JSON with sorted keys where a short container (a layout, a cost) stays on one line, so
-    plans read and diff line by line; floats are written by repr, as json.dumps does."""
-    flat = json.dumps(data, sort_keys=True, allow_nan=False, separators=(", ", ": "))
-    if not isinstance(data, dict | list) or len(flat) + 2 * level <= 110 or not data:
-        return flat
-    pad = "  " * (level + 1)
+    plans read and diff line by line; scalars are written by json.dumps (floats by repr)."""
+    return _render(data, 0)[1]
+
+
+def _render(data: Any, level: int) -> tuple[str, str]:
+    """(one-line form, indented form) of `data`; each subtree is encoded once, its one-line form reused."""
+    if not isinstance(data, dict | list) or not data:
+        flat = _scalar(data)
+        return flat, flat
     if isinstance(data, list):
-        body = [pad + format_json(v, level + 1) for v in data]
-        return "[\n" + ",\n".join(body) + "\n" + "  " * level + "]"
-    body = [f"{pad}{json.dumps(k)}: {format_json(data[k], level + 1)}" for k in sorted(data)]
-    return "{\n" + ",\n".join(body) + "\n" + "  " * level + "}"
+        keys, parts = [""] * len(data), [_render(v, level + 1) for v in data]
+        opening, closing = "[", "]"
+    else:
+        keys = [encode_basestring_ascii(k) + ": " for k in sorted(data)]
+        parts = [_render(data[k], level + 1) for k in sorted(data)]
+        opening, closing = "{", "}"
+    flat = opening + ", ".join(k + one for k, (one, _) in zip(keys, parts)) + closing
+    if len(flat) + 2 * level <= 110:
+        return flat, flat
+    pad = "  " * (level + 1)
+    body = ",\n".join(pad + k + indented for k, (_, indented) in zip(keys, parts))
+    return flat, opening + "\n" + body + "\n" + "  " * level + closing
+
+
+def _scalar(value: Any) -> str:
+    """A JSON scalar (or empty container) exactly as json.dumps writes it, without its per-call overhead."""
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} cannot be written to strict JSON")
+        return float.__repr__(value)
+    return json.dumps(value, allow_nan=False)
 
 
 def _join(path: str, key: str) -> str:
@@ -121,22 +160,21 @@ class JsonReader:
         self.mesh = mesh
 
     def value(self, data: Any, hint: Any, path: str) -> Any:
-        inner = _optional(hint)
-        if inner is not None:
+        kind, inner = _shape(hint)
+        if kind == "optional":
             return None if data is None else self.value(data, inner, path)
-        origin = get_origin(hint)
-        if origin is list:
+        if kind == "list":
             self._expect(isinstance(data, list), "a list", data, path)
-            return [self.value(v, get_args(hint)[0], f"{path}[{i}]") for i, v in enumerate(data)]
-        if origin is dict:
+            return [self.value(v, inner, f"{path}[{i}]") for i, v in enumerate(data)]
+        if kind == "dict":
             self._expect(isinstance(data, dict), "an object", data, path)
-            return {k: self.value(v, get_args(hint)[1], _join(path, k)) for k, v in data.items()}
+            return {k: self.value(v, inner, _join(path, k)) for k, v in data.items()}
+        if kind == "dataclass":
+            return self.dataclass(hint, data, path)
         if hint is Mesh:
             return self.mesh if self.mesh is not None else read_mesh(data, path)
         if hint is Layout:
             return self.layout(data, path)
-        if dataclasses.is_dataclass(hint):
-            return self.dataclass(hint, data, path)
         if hint is Any:
             return data
         if hint is bool:
@@ -158,7 +196,8 @@ class JsonReader:
 
     def dataclass(self, cls: Any, data: Any, path: str) -> Any:
         self._expect(isinstance(data, dict), "an object", data, path)
-        names = [f.name for f in dataclasses.fields(cls)]
+        hints = _shape(cls)[1]
+        names = list(hints)
         missing = [n for n in names if n not in data]
         if missing:
             raise PlanError(f"missing key {missing[0]!r} in {path or 'the top level'}; {REPLAN}")
@@ -166,8 +205,7 @@ class JsonReader:
         if unknown:
             raise PlanError(f"unknown key {unknown[0]!r} in {path or 'the top level'} (the keys there are "
                             f"{', '.join(sorted(names))}); {REPLAN}")
-        hints = get_type_hints(cls)
-        return cls(**{n: self.value(data[n], hints[n], _join(path, n)) for n in names})
+        return cls(**{n: self.value(data[n], h, _join(path, n)) for n, h in hints.items()})
 
     def layout(self, data: Any, path: str) -> Layout:
         self._expect(isinstance(data, dict), "a layout object", data, path)
