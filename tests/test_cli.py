@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib.util
+import io
 import json
 import subprocess
 import sys
@@ -13,12 +14,13 @@ from pathlib import Path
 
 import pytest
 from plan_examples import make_plan
+from rich.console import Console
 
 from planner.cli import main
 from planner.cli_frontier import Curve, budget_sweep, plot_frontier, trace_curve, write_csv
 from planner.cli_plan import infeasible_error
 from planner.plan_format import Plan
-from planner.report import Totals, check_totals, plan_totals
+from planner.report import Totals, check_totals, plan_totals, summary_table
 from planner.units import format_bytes, format_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,6 +122,20 @@ def test_debug_shows_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture
     code, _, err = _run(["explain", str(tmp_path / "bad.json"), "--debug"], capsys)
     assert code == 2
     assert "Traceback" in err and "PlanError" in err and err.rstrip().splitlines()[-1].startswith("error: ")
+
+
+def test_summary_splits_memory_and_time() -> None:
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, markup=False).print(summary_table(make_plan()))
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in buffer.getvalue().splitlines()
+            if line.count("│") == 3}
+    assert rows["mesh"] == "2x2x2 (axes x, y, z), 8 ranks, 8 per node"
+    assert rows["schemes"] == "3d x2, vocab x1"
+    assert rows["checkpointed"] == "1 of 1 blocks: h.0"
+    assert rows["peak memory"] == ("24.4 MiB per rank = states 21.0 MiB + activations 388.0 KiB + transient 3.0 MiB "
+                                   "(fits the budget of 64.0 MiB)")
+    assert rows["step time"] == "2.09 ms = compute 790 µs + comm 660 µs + recompute 638 µs"
+    assert rows["solver"] == "highs optimal in 125 ms, gap 0.00%, flat"
 
 
 # --- argument errors (no planning needed: they are found before the model is loaded) ------------------
