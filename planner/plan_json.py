@@ -14,7 +14,7 @@ import json
 import math
 import numbers
 import types
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from json.encoder import encode_basestring_ascii
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from cost_models.layout import Layout, LayoutError
@@ -99,8 +99,9 @@ def _render(data: Any, level: int) -> tuple[str, str]:
         keys, parts = [""] * len(data), [_render(v, level + 1) for v in data]
         opening, closing = "[", "]"
     else:
-        keys = [encode_basestring_ascii(k) + ": " for k in sorted(data)]
-        parts = [_render(data[k], level + 1) for k in sorted(data)]
+        ordered = sorted(data)
+        keys = [encode_basestring_ascii(k) + ": " for k in ordered]
+        parts = [_render(data[k], level + 1) for k in ordered]
         opening, closing = "{", "}"
     flat = opening + ", ".join(k + one for k, (one, _) in zip(keys, parts)) + closing
     if len(flat) + 2 * level <= 110:
@@ -130,6 +131,7 @@ def _join(path: str, key: str) -> str:
 
 
 def describe(value: Any) -> str:
+    """What kind of JSON value `value` is, for error messages ("a string", "null")."""
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
             int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
 
@@ -137,6 +139,7 @@ def describe(value: Any) -> str:
 # --- reading -----------------------------------------------------------------------------------
 
 def read_mesh(data: Any, path: str) -> Mesh:
+    """The Mesh in `data` (Mesh.to_json's form), with every key and type checked."""
     if not isinstance(data, dict) or set(data) != {"shape", "axis_names", "ranks_per_node"}:
         raise PlanError(f"{path}: expected an object with keys axis_names, ranks_per_node, shape; "
                         f"got {data if not isinstance(data, dict) else sorted(data)!r}; {REPLAN}")
