@@ -216,9 +216,9 @@ def frontier(args: argparse.Namespace) -> int:
     for scheme in baselines:
         for ckpt in (True, False):
             label = f"{scheme} ({'ckpt' if ckpt else 'no ckpt'})"
-            extra: dict[str, Any] = {"schemes": [scheme]} | ({} if ckpt else {"checkpointing": False})
             with progress(f"baseline {label}"):
-                curves.append(trace_curve(label, plan_with(**extra), InfeasibleError, budgets))
+                curves.append(trace_curve(label, plan_with(schemes=[scheme], checkpointing=ckpt), InfeasibleError,
+                                          budgets))
     for c in [planner_curve, *curves]:
         best = min((p.predicted.step_time_s for _, p in c.feasible), default=None)
         detail = f"best {format_seconds(best)}, fits from {format_bytes(c.feasible[0][0])}" if best is not None \
