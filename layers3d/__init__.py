@@ -13,6 +13,8 @@ from layers3d.comm import (
     reduce_scatter,
 )
 from layers3d.errors import MeshSetupError, ShardingError
+from layers3d.linear import ParallelLinear
+from layers3d.linear_plan import LINEAR_SCHEMES, LinearGeometry, LinearScheme
 from layers3d.mesh import DeviceMesh
 from layers3d.redistribute import redistribute
 from layers3d.shard import gather_tensor, local_block, shard_generator, shard_tensor
@@ -20,5 +22,6 @@ from layers3d.shard import gather_tensor, local_block, shard_generator, shard_te
 __all__ = [
     "DeviceMesh", "MeshSetupError", "ShardingError", "CommCounter", "current_phase", "recompute_phase",
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "redistribute", "checkpoint",
-    "checkpoint_contexts", "shard_tensor", "local_block", "gather_tensor", "shard_generator",
+    "checkpoint_contexts", "shard_tensor", "ParallelLinear", "LinearScheme", "LinearGeometry", "LINEAR_SCHEMES",
+    "local_block", "gather_tensor", "shard_generator",
 ]

@@ -9,7 +9,7 @@ outermost). `interleave=k` on `interleave_dim` cuts that dim per segment (fused 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -19,7 +19,10 @@ from layers3d.comm import all_gather, split_chunks
 from layers3d.errors import ShardingError
 from layers3d.mesh import DeviceMesh
 
-__all__ = ["block_index", "check_divisible", "local_block", "shard_tensor", "gather_tensor", "shard_generator"]
+__all__ = [
+    "block_index", "check_divisible", "local_block", "shard_tensor", "gather_tensor", "shard_generator",
+    "ParamInit", "default_init", "init_shard",
+]
 
 Axes = tuple[str, ...]
 
@@ -95,3 +98,28 @@ def shard_generator(generator: torch.Generator | None, name: str, block: Sequenc
     g = torch.Generator(device=device)
     g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
     return g
+
+
+ParamInit = Callable[[str, torch.Tensor, torch.Generator], None]
+
+
+def default_init(name: str, local: torch.Tensor, generator: torch.Generator) -> None:
+    """GPT-2 style: weights ~ N(0, 0.02), biases 0, norm scales ("norm_weight") 1."""
+    with torch.no_grad():
+        if name == "norm_weight":
+            local.fill_(1.0)
+        elif name.endswith("bias"):
+            local.zero_()
+        else:
+            local.normal_(0.0, 0.02, generator=generator)
+
+
+def init_shard(name: str, shape: Sequence[int], dims: Sequence[Axes], mesh: Mesh, rank: int, *,
+               init_fn: ParamInit | None, generator: torch.Generator | None, dtype: torch.dtype,
+               device: torch.device | str, init_name: str | None = None) -> torch.Tensor:
+    """Allocate this rank's block (of the given local `shape`) of a parameter placed by `dims` and fill it
+    with `init_fn(init_name or name, block, shard_generator(...))`, without the dense tensor."""
+    local = torch.empty(tuple(shape), dtype=dtype, device=device)
+    block = tuple(block_index(axes, mesh, rank) for axes in dims)
+    (init_fn or default_init)(init_name or name, local, shard_generator(generator, name, block, local.device))
+    return local

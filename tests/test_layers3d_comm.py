@@ -87,8 +87,8 @@ def _check_collectives(rank: int, shape: tuple[int, ...]) -> int:
 
 def _check_phases(rank: int) -> list[Collective]:
     """Forward / backward / recompute phases, through a checkpointed function with one collective."""
-    from layers3d import CommCounter, DeviceMesh, checkpoint, redistribute
     from cost_models.layout import Layout
+    from layers3d import CommCounter, DeviceMesh, checkpoint, redistribute
 
     dm = DeviceMesh(Mesh((2, 2, 2)))
     src, dst = Layout((("x",), ())), Layout(((), ()))

@@ -1,0 +1,219 @@
+"""ParallelLinear on 8 gloo ranks: every scheme and option against the dense layer (outputs, input /
+weight / bias gradients, fp32 relative error <= 1e-5), the collectives it runs against a hand derivation
+from the ARCHITECTURE table (with and without checkpointing), and the dense state dict round trip."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers.pytorch_utils import Conv1D  # imported before forking: heavy
+
+from cost_models.mesh import Mesh
+from cost_models.strategy import Collective
+from tests.distributed import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+
+@dataclass(frozen=True)
+class Case:
+    mesh: tuple[int, ...]
+    scheme: str
+    roles: tuple[str, ...] = ()
+    dp: tuple[str, ...] | None = None
+    tokens: tuple[int, int] = (4, 3)
+    k: int = 12
+    n: int = 6
+    bias: bool = True
+    interleave: int = 1
+    transposed: bool = False
+    sp: bool = False
+    save_input: str = "gathered"
+    weight_shard: bool = False
+    pass_tokens: bool = False  # give the layer token_shape (needed when a token axis lands on the sequence)
+
+
+def cases() -> list[Case]:
+    xyz = ("x", "y", "z")
+    out = [
+        Case((2, 2, 2), "replicate", tokens=(8, 3), k=6, n=10),
+        Case((2, 2, 2), "replicate", tokens=(2, 12), k=6, n=10, bias=False, pass_tokens=True),
+        Case((2, 2, 2), "fsdp", tokens=(8, 2), k=6, n=16),
+        Case((2, 2, 2), "fsdp", tokens=(8, 2), k=16, n=10, transposed=True),  # N does not divide: K split
+        Case((2, 2, 2), "1d_col", xyz, tokens=(3, 2), k=6, n=16),
+        Case((2, 2, 2), "1d_col", ("z",), tokens=(4, 3), k=5, n=6, interleave=3),
+        Case((2, 2, 2), "1d_col", ("y", "z"), tokens=(2, 3), k=7, n=24, interleave=3, transposed=True),
+        Case((2, 2, 2), "1d_col", xyz, tokens=(2, 16), k=6, n=8, sp=True),
+        Case((2, 2, 2), "1d_col", ("z",), ("x", "y"), tokens=(4, 4), k=6, n=8, sp=True, bias=False),
+        Case((2, 2, 2), "1d_row", xyz, tokens=(3, 2), k=16, n=6),
+        Case((2, 2, 2), "1d_row", ("x", "z"), ("y",), tokens=(2, 3), k=8, n=5, transposed=True),
+        Case((2, 2, 2), "1d_row", xyz, tokens=(2, 16), k=8, n=6, sp=True),
+        Case((2, 2, 2), "2d", ("y", "z"), ("x",), tokens=(4, 3), k=12, n=10),
+        Case((2, 2, 2), "2d", ("z", "x"), ("y",), tokens=(4, 3), k=8, n=12, interleave=3, transposed=True),
+        Case((2, 2, 2), "2d", ("x", "y"), ("z",), tokens=(2, 6), k=6, n=4, bias=False, pass_tokens=True),
+        Case((8,), "1d_col", ("x",), tokens=(3, 2), k=5, n=16),
+        Case((8,), "1d_row", ("x",), tokens=(3, 2), k=16, n=5),
+        Case((8,), "1d_row", ("x",), tokens=(2, 8), k=16, n=5, sp=True),
+        Case((8,), "replicate", tokens=(8, 2), k=5, n=3),
+        Case((8,), "fsdp", tokens=(8, 2), k=5, n=16, bias=False),
+    ]
+    for i, roles in enumerate(itertools.permutations(xyz)):  # every role permutation of 3d and 3d_allreduce
+        out.append(Case((2, 2, 2), "3d", roles, tokens=(4, 3), k=12, n=6, bias=i % 2 == 0,
+                        save_input=("gathered", "shard")[i % 2], transposed=i == 2))
+        out.append(Case((2, 2, 2), "3d_allreduce", roles, tokens=(2, 3), k=8, n=10, bias=i % 2 == 1,
+                        weight_shard=i % 3 == 0, transposed=i == 3))
+    out += [
+        Case((2, 2, 2), "3d", ("z", "x", "y"), tokens=(2, 6), k=8, n=12, interleave=3, pass_tokens=True),
+        Case((2, 2, 2), "3d", ("x", "y", "z"), tokens=(8, 1), k=4, n=6, save_input="shard"),
+        Case((2, 2, 2), "3d_allreduce", ("y", "z", "x"), tokens=(2, 5), k=4, n=12, interleave=3, weight_shard=True),
+    ]
+    return out
+
+
+def expected_collectives(c: Case) -> list[Collective]:
+    """The table of docs/ARCHITECTURE.md, derived by hand for fp32 (4 bytes) and one forward + backward."""
+    mesh = Mesh(c.mesh)
+    q = mesh.size
+    roles = c.roles
+    dp = tuple(a for a in mesh.axis_names if a not in roles) if c.dp is None else c.dp
+    m, k, n, b = math.prod(c.tokens), c.k, c.n, 4
+    out: list[Collective] = []
+
+    def add(phase: str, kind: str, axes: tuple[str, ...], nbytes: float, tag: str) -> None:
+        if axes:
+            out.append(Collective(kind, axes, int(nbytes), phase, tag))
+
+    fw, bw = "forward", "backward"
+    bias_axes: tuple[str, ...] = dp
+    bias_n = n
+    if c.scheme == "replicate":
+        add(bw, "all_reduce", dp, n * k * b, "grad_weight")
+    elif c.scheme == "fsdp":
+        add(fw, "all_gather", dp, n * k * b, "weight")
+        add(bw, "all_gather", dp, n * k * b, "weight")
+        add(bw, "reduce_scatter", dp, n * k * b, "grad_weight")
+    elif c.scheme == "1d_col":
+        t = roles
+        if c.sp:
+            add(fw, "all_gather", t, m / q(dp) * k * b, "input")
+        add(bw, "reduce_scatter" if c.sp else "all_reduce", t, m / q(dp) * k * b, "grad_input")
+        add(bw, "all_reduce", dp, n / q(t) * k * b, "grad_weight")
+        bias_n = n / q(t)
+    elif c.scheme == "1d_row":
+        t = roles
+        add(fw, "reduce_scatter" if c.sp else "all_reduce", t, m / q(dp) * n * b, "output")
+        if c.sp:
+            add(bw, "all_gather", t, m / q(dp) * n * b, "grad_output")
+            bias_axes = dp + t
+        add(bw, "all_reduce", dp, n * k / q(t) * b, "grad_weight")
+    elif c.scheme == "2d":
+        r, cc = roles[:1], roles[1:]
+        add(fw, "all_gather", cc, m / q(dp + r) * k * b, "input")
+        add(fw, "all_gather", r, n / q(cc) * k * b, "weight")
+        add(bw, "reduce_scatter", cc, m / q(dp + r) * k * b, "grad_input")
+        add(bw, "reduce_scatter", r, n / q(cc) * k * b, "grad_weight")
+        add(bw, "all_reduce", dp, n / q(cc) * k / q(r) * b, "grad_weight")
+        bias_axes, bias_n = dp + r, n / q(cc)
+    elif c.scheme == "3d":
+        w, i, o = roles[:1], roles[1:2], roles[2:]
+        x_g = m / q(dp + w) * k / q(o) * b
+        add(fw, "all_gather", i, x_g, "input")
+        add(fw, "all_gather", w, n / q(i) * k / q(o) * b, "weight")
+        add(fw, "reduce_scatter", o, m / q(dp + w) * n / q(i) * b, "output")
+        add(bw, "all_gather", o, m / q(dp + w) * n / q(i) * b, "grad_output")
+        add(bw, "reduce_scatter", i, x_g, "grad_input")
+        if c.save_input == "shard":
+            add(bw, "all_gather", i, x_g, "input")
+        add(bw, "reduce_scatter", w, n / q(i) * k / q(o) * b, "grad_weight")
+        add(bw, "all_reduce", dp, n / q(i) * k / q(o + w) * b, "grad_weight")
+        bias_axes, bias_n = dp + w + o, n / q(i)
+    elif c.scheme == "3d_allreduce":
+        mm, kk, nn_ = roles[:1], roles[1:2], roles[2:]
+        add(fw, "all_reduce", kk, m / q(dp + mm) * n / q(nn_) * b, "output")
+        add(bw, "all_reduce", nn_, m / q(dp + mm) * k / q(kk) * b, "grad_input")
+        w_loc = n / q(nn_) * k / q(kk) * b
+        if c.weight_shard:
+            add(fw, "all_gather", mm, w_loc, "weight")
+            add(bw, "all_gather", mm, w_loc, "weight")
+            add(bw, "reduce_scatter", mm, w_loc, "grad_weight")
+            add(bw, "all_reduce", dp, w_loc / q(mm), "grad_weight")
+        else:
+            add(bw, "all_reduce", dp + mm, w_loc, "grad_weight")
+        bias_axes, bias_n = dp + mm, n / q(nn_)
+    if c.bias:
+        add(bw, "all_reduce", bias_axes, bias_n * b, "grad_weight")
+    return out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _check_case(c: Case, dm, rank: int, ckpt: bool) -> list[Collective]:
+    from layers3d import CommCounter, ParallelLinear, checkpoint, local_block, shard_tensor
+    from layers3d.linear_plan import LinearScheme
+
+    gen = torch.Generator().manual_seed(hash(c) % (1 << 31))
+    dense = Conv1D(c.n, c.k) if c.transposed else torch.nn.Linear(c.k, c.n, bias=c.bias)
+    with torch.no_grad():
+        for p in dense.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    assert c.bias or not c.transposed, "HF Conv1D always has a bias"
+    x_full = torch.randn(*c.tokens, c.k, generator=gen).requires_grad_()
+    g_full = torch.randn(*c.tokens, c.n, generator=gen)
+    dense(x_full).backward(g_full)
+    y_full = dense(x_full).detach()
+
+    scheme = LinearScheme(c.scheme, c.roles, c.dp, c.sp, c.save_input, c.weight_shard)
+    layer = ParallelLinear.from_dense(dense, dm, scheme, interleave=c.interleave,
+                                      token_shape=c.tokens if c.pass_tokens else None)
+    mesh = dm.mesh
+    shape_x, shape_y = c.tokens + (c.k,), c.tokens + (c.n,)
+    xl, yl = layer.input_layout(shape_x), layer.output_layout(shape_y)
+    x = shard_tensor(x_full.detach(), xl, mesh, rank).requires_grad_()
+    with CommCounter() as cc:
+        y = checkpoint(layer, x) if ckpt else layer(x)
+        y.backward(shard_tensor(g_full, yl, mesh, rank))
+    where = f"{c} ckpt={ckpt} rank {rank}"
+    assert _rel(y, shard_tensor(y_full, yl, mesh, rank)) <= 1e-5, where
+    assert _rel(x.grad, shard_tensor(x_full.grad, xl, mesh, rank)) <= 1e-5, where
+    w_grad = local_block(dense.weight.grad, layer.weight_dims, mesh, rank, interleave=layer.geometry.w_interleave,
+                         interleave_dim=layer.weight_interleave_dim)
+    assert _rel(layer.weight.grad, w_grad) <= 1e-5, where
+    if c.bias:
+        b_grad = local_block(dense.bias.grad, (layer.geometry.y_feat,), mesh, rank, interleave=c.interleave)
+        assert _rel(layer.bias.grad, b_grad) <= 1e-5, where
+    else:
+        assert layer.bias is None
+    if not ckpt:
+        state = layer.dense_state_dict()
+        assert state.keys() == dense.state_dict().keys(), where
+        assert all(torch.equal(state[key], v) for key, v in dense.state_dict().items()), where
+    return cc.records
+
+
+def _check_all(rank: int) -> dict:
+    from layers3d import DeviceMesh
+
+    meshes = {shape: DeviceMesh(Mesh(shape)) for shape in ((2, 2, 2), (8,))}
+    records = {}
+    for i, c in enumerate(cases()):
+        for ckpt in (False, True):
+            records[(i, ckpt)] = _check_case(c, meshes[c.mesh], rank, ckpt)
+    return records
+
+
+def test_every_scheme_matches_dense_and_the_table() -> None:
+    results = run_ranks(_check_all, 8, 150)
+    all_cases = cases()
+    for i, c in enumerate(all_cases):
+        want = expected_collectives(c)
+        recompute = [Collective(x.kind, x.axes, x.bytes, "recompute", x.tag) for x in want if x.phase == "forward"]
+        for rank, res in enumerate(results):
+            assert Counter(res[(i, False)]) == Counter(want), (c, rank, res[(i, False)], want)
+            assert Counter(res[(i, True)]) == Counter(want + recompute), (c, rank)
