@@ -1,0 +1,72 @@
+"""Redistribution cost on a graph edge: converting a producer's output layout to its consumer's.
+
+Built on `plan_redistribution` (forward steps) and `backward_steps` (the gradient's steps, under the
+complete-gradient convention), so the priced collectives are exactly those the runtime runs. Every
+collective is tagged "edge". Same layout: no steps, zero cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from cost_models.comm import collective_seconds
+from cost_models.hardware import HardwareProfile
+from cost_models.layout import Layout
+from cost_models.mesh import Mesh
+from cost_models.ops import TensorMeta
+from cost_models.redistribution import Step, backward_steps, plan_redistribution
+from cost_models.strategy import Collective
+
+__all__ = ["EdgeCost", "edge_cost"]
+
+
+@dataclass(frozen=True)
+class EdgeCost:
+    """Cost of one layout conversion, per rank per training step.
+
+    forward / backward: the redistribution steps of the tensor and of its gradient.
+    collectives: their collectives (tag "edge", phase "forward" / "backward").
+    seconds: alpha-beta time of all of them; fwd_seconds: of the forward ones (paid again when the
+        consumer's block is checkpointed).
+    transient_bytes: the largest local buffer the conversion touches (before or after any step, either
+        direction): an upper bound on the temporary memory it needs.
+    """
+
+    forward: tuple[Step, ...]
+    backward: tuple[Step, ...]
+    collectives: tuple[Collective, ...]
+    seconds: float
+    fwd_seconds: float
+    transient_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return sum(c.bytes for c in self.collectives)
+
+
+def _collectives(steps: list[Step], phase: str, mesh: Mesh) -> list[Collective]:
+    return [Collective(s.kind, s.axes, s.bytes, phase, "edge") for s in steps
+            if s.is_collective and mesh.size(s.axes) > 1]
+
+
+@cache
+def edge_cost(meta: TensorMeta, src: Layout, dst: Layout, mesh: Mesh, hw: HardwareProfile) -> EdgeCost:
+    """Cost of converting a tensor of `meta` from layout `src` to `dst` on `mesh` (forward and backward).
+    Raises LayoutError when a layout does not fit the tensor or `dst` asks for a partial sum `src`
+    does not have."""
+    fwd = plan_redistribution(meta.shape, meta.itemsize, src, dst, mesh)
+    bwd = backward_steps(fwd, meta.shape, meta.itemsize, mesh) if _has_grad(meta) else []
+    colls = _collectives(fwd, "forward", mesh) + _collectives(bwd, "backward", mesh)
+    fwd_s = sum(collective_seconds(c, mesh, hw) for c in colls if c.phase == "forward")
+    total = fwd_s + sum(collective_seconds(c, mesh, hw) for c in colls if c.phase == "backward")
+    biggest = 0
+    for s in fwd + bwd:
+        for lay in (s.before, s.after):
+            biggest = max(biggest, lay.local_numel(meta.shape, mesh) * meta.itemsize)
+    return EdgeCost(tuple(fwd), tuple(bwd), tuple(colls), total, fwd_s, biggest)
+
+
+def _has_grad(meta: TensorMeta) -> bool:
+    """Integer and boolean tensors (token ids, masks) carry no gradient back."""
+    return meta.dtype in ("float16", "bfloat16", "float32", "float64", "complex64")

@@ -1,0 +1,304 @@
+"""Hardware profiles: the numbers the cost model turns bytes and FLOPs into seconds with.
+
+A `HardwareProfile` names one kind of machine: compute peaks per dtype and the achievable fraction of
+them, device-memory capacity and bandwidth, and the alpha (latency, seconds per ring step) and beta
+(seconds per byte) of collectives inside a node and across nodes. Every built-in number is taken from a
+public source cited next to it; `planner calibrate` measures the real cluster and writes a profile file
+(`HardwareProfile.save`), optionally with per-(link, collective) alpha/beta overrides.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["HardwareProfile", "ProfileError", "load_profile", "BUILTIN_PROFILES", "LINKS", "PEAK_DTYPES"]
+
+LINKS = ("intra", "inter")
+PEAK_DTYPES = ("bf16", "fp16", "fp32", "tf32")
+_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
+_DEVICES = ("cuda", "cpu")
+# torch dtype short names -> the peak a matmul in that dtype runs at.
+_DTYPE_PEAK = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+class ProfileError(ValueError):
+    """A hardware profile that is missing, malformed or physically impossible (says which field)."""
+
+
+@dataclass(frozen=True, eq=False)
+class HardwareProfile:
+    """One machine kind.
+
+    name: short identifier ("a100-80gb").
+    source: where the numbers come from (citations, or "measured by planner calibrate on ...").
+    device: "cuda" or "cpu": the device kind whose memory semantics the cost model should use.
+    gpus_per_node: ranks sharing the fast intra-node link (the mesh's ranks_per_node).
+    memory_bytes: device memory per rank.
+    peak_flops: dense peak FLOP/s per dtype, keys among PEAK_DTYPES ("bf16", "fp16", "fp32", "tf32").
+    efficiency: achievable fraction of peak for large matmuls (0 < efficiency <= 1).
+    mem_bandwidth: device-memory bandwidth in bytes/s (the roofline's memory roof).
+    intra_alpha / intra_beta: per-step latency (s) and seconds per byte of one ring step inside a node.
+    inter_alpha / inter_beta: the same for groups that cross nodes.
+    overrides: {(link, collective kind): (alpha, beta)} measured per collective; they win over the
+        per-link defaults.
+    """
+
+    name: str
+    source: str
+    device: str
+    gpus_per_node: int
+    memory_bytes: int
+    peak_flops: dict[str, float]
+    efficiency: float
+    mem_bandwidth: float
+    intra_alpha: float
+    intra_beta: float
+    inter_alpha: float
+    inter_beta: float
+    overrides: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        # Canonical form, computed once: profiles key memo tables, so hashing must be cheap.
+        object.__setattr__(self, "_canonical", json.dumps(self.to_json(), sort_keys=True))
+
+    # --- queries -------------------------------------------------------------------------------
+    def alpha_beta(self, link: str, kind: str) -> tuple[float, float]:
+        """(alpha, beta) of collective `kind` over a group on `link` ("intra" or "inter")."""
+        if link not in LINKS:
+            raise ProfileError(f"link must be one of {LINKS}, got {link!r}")
+        if (link, kind) in self.overrides:
+            return self.overrides[(link, kind)]
+        return (self.intra_alpha, self.intra_beta) if link == "intra" else (self.inter_alpha, self.inter_beta)
+
+    def peak(self, dtype: str) -> float:
+        """Achievable FLOP/s of a matmul in torch dtype `dtype` (peak x efficiency). Float types without
+        their own entry (float64, ...) use the fp32 peak."""
+        key = _DTYPE_PEAK.get(dtype, "fp32")
+        if key not in self.peak_flops:
+            key = "fp32"
+        return self.peak_flops[key] * self.efficiency
+
+    # --- identity (dict fields: hash a canonical form so profiles can key memo tables) ---------
+    def _key(self) -> str:
+        return self._canonical  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HardwareProfile) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    # --- JSON ----------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "source": self.source, "device": self.device,
+            "gpus_per_node": self.gpus_per_node, "memory_bytes": self.memory_bytes,
+            "peak_flops": dict(self.peak_flops), "efficiency": self.efficiency,
+            "mem_bandwidth": self.mem_bandwidth,
+            "intra_alpha": self.intra_alpha, "intra_beta": self.intra_beta,
+            "inter_alpha": self.inter_alpha, "inter_beta": self.inter_beta,
+            "overrides": {f"{link}:{kind}": [a, b] for (link, kind), (a, b) in sorted(self.overrides.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> HardwareProfile:
+        """Build a profile from `to_json`'s dict; raises ProfileError naming a missing or bad field."""
+        if not isinstance(data, dict):
+            raise ProfileError(f"a hardware profile must be a JSON object, got {type(data).__name__}")
+        required = ("name", "source", "device", "gpus_per_node", "memory_bytes", "peak_flops", "efficiency",
+                    "mem_bandwidth", "intra_alpha", "intra_beta", "inter_alpha", "inter_beta")
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ProfileError(f"hardware profile {data.get('name', '?')!r} is missing field(s) {missing}; "
+                               f"a profile needs {list(required)} (see HardwareProfile)")
+        overrides: dict[tuple[str, str], tuple[float, float]] = {}
+        raw = data.get("overrides", {}) or {}
+        if not isinstance(raw, dict):
+            raise ProfileError("'overrides' must be an object like {\"intra:all_reduce\": [alpha, beta]}")
+        for key, value in raw.items():
+            link, _, kind = str(key).partition(":")
+            if not isinstance(value, (list, tuple)) or len(value) != 2:
+                raise ProfileError(f"override {key!r} must be [alpha, beta], got {value!r}")
+            overrides[(link, kind)] = (_num(value[0], f"overrides[{key}][0]"), _num(value[1], f"overrides[{key}][1]"))
+        if not isinstance(data["peak_flops"], dict):
+            raise ProfileError("'peak_flops' must be an object like {\"bf16\": 3.12e14, \"fp32\": 1.95e13}")
+        try:
+            return cls(
+                name=str(data["name"]), source=str(data["source"]), device=str(data["device"]),
+                gpus_per_node=_int(data["gpus_per_node"], "gpus_per_node"),
+                memory_bytes=_int(data["memory_bytes"], "memory_bytes"),
+                peak_flops={str(k): _num(v, f"peak_flops[{k}]") for k, v in data["peak_flops"].items()},
+                efficiency=_num(data["efficiency"], "efficiency"),
+                mem_bandwidth=_num(data["mem_bandwidth"], "mem_bandwidth"),
+                intra_alpha=_num(data["intra_alpha"], "intra_alpha"), intra_beta=_num(data["intra_beta"], "intra_beta"),
+                inter_alpha=_num(data["inter_alpha"], "inter_alpha"), inter_beta=_num(data["inter_beta"], "inter_beta"),
+                overrides=overrides,
+            )
+        except TypeError as e:  # pragma: no cover - every field is passed explicitly above
+            raise ProfileError(f"malformed hardware profile: {e}") from None
+
+    def save(self, path: str | os.PathLike, atomic: bool = True) -> None:
+        """Write the profile as JSON; with `atomic`, through a temporary file renamed into place so a
+        reader never sees a half-written file."""
+        text = json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
+        target = Path(path)
+        if not atomic:
+            target.write_text(text)
+            return
+        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent or ".")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def _num(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(f"hardware profile field {what} must be a number, got {value!r}")
+    return float(value)
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProfileError(f"hardware profile field {what} must be an integer, got {value!r}")
+    return value
+
+
+def _validate(p: HardwareProfile) -> None:
+    if p.device not in _DEVICES:
+        raise ProfileError(f"profile {p.name!r}: device must be one of {_DEVICES}, got {p.device!r}")
+    if p.gpus_per_node < 1:
+        raise ProfileError(f"profile {p.name!r}: gpus_per_node must be >= 1, got {p.gpus_per_node}")
+    if p.memory_bytes <= 0:
+        raise ProfileError(f"profile {p.name!r}: memory_bytes must be positive, got {p.memory_bytes}")
+    if "fp32" not in p.peak_flops:
+        raise ProfileError(f"profile {p.name!r}: peak_flops needs at least an 'fp32' entry, got {sorted(p.peak_flops)}")
+    for k, v in p.peak_flops.items():
+        if k not in PEAK_DTYPES:
+            raise ProfileError(f"profile {p.name!r}: unknown peak_flops dtype {k!r}; use {PEAK_DTYPES}")
+        if not (v > 0 and math.isfinite(v)):
+            raise ProfileError(f"profile {p.name!r}: peak_flops[{k}] must be positive, got {v}")
+    if not (0 < p.efficiency <= 1):
+        raise ProfileError(f"profile {p.name!r}: efficiency must be in (0, 1], got {p.efficiency}")
+    if not (p.mem_bandwidth > 0 and math.isfinite(p.mem_bandwidth)):
+        raise ProfileError(f"profile {p.name!r}: mem_bandwidth must be positive bytes/s, got {p.mem_bandwidth}")
+    pairs = {"intra": (p.intra_alpha, p.intra_beta), "inter": (p.inter_alpha, p.inter_beta)}
+    pairs.update({f"{link}:{kind}": ab for (link, kind), ab in p.overrides.items()})
+    for (link, kind) in p.overrides:
+        if link not in LINKS or kind not in _COLLECTIVES:
+            raise ProfileError(f"profile {p.name!r}: override key {link}:{kind} must be <link>:<kind> with link in "
+                               f"{LINKS} and kind in {_COLLECTIVES}")
+    for what, (alpha, beta) in pairs.items():
+        if not (alpha >= 0 and math.isfinite(alpha)):
+            raise ProfileError(f"profile {p.name!r}: alpha of {what} must be >= 0 seconds, got {alpha}")
+        if not (beta > 0 and math.isfinite(beta)):
+            raise ProfileError(f"profile {p.name!r}: beta of {what} must be positive seconds/byte "
+                               f"(1 / bandwidth), got {beta}")
+
+
+# --- built-in profiles ---------------------------------------------------------------------------
+# alpha: NCCL's own cost model (NVIDIA/nccl, src/graph/tuning.cc, table hwLat) charges a ring step with
+# the Simple protocol 3.4 us on NVLink and 9.6 us over the network; we use those per-step latencies.
+_NCCL_RING_SIMPLE_NVLINK_S = 3.4e-6
+_NCCL_RING_SIMPLE_NET_S = 9.6e-6
+# efficiency: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+# Megatron-LM" (SC'21) sustain 52% of the A100's theoretical peak per GPU on GPT models.
+_MEGATRON_A100_EFFICIENCY = 0.52
+
+_A100 = HardwareProfile(
+    name="a100-80gb",
+    source=("NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOPS BF16/FP16 dense, 156 TFLOPS TF32 "
+            "dense, 19.5 TFLOPS FP32, 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 GB/s per direction); "
+            "NVIDIA DGX A100 datasheet: 8 GPUs per node, 8x 200 Gb/s HDR InfiniBand (25 GB/s per GPU); "
+            "alpha from NCCL src/graph/tuning.cc hwLat (ring, Simple); efficiency 0.52 from Narayanan et al. "
+            "SC'21 (Megatron-LM)"),
+    device="cuda",
+    gpus_per_node=8,                         # DGX A100: 8 GPUs per node
+    memory_bytes=80 * 10**9,                 # A100 SXM4: 80 GB HBM2e
+    peak_flops={"bf16": 312e12,              # A100 datasheet: BF16 Tensor Core, dense
+                "fp16": 312e12,              # A100 datasheet: FP16 Tensor Core, dense
+                "tf32": 156e12,              # A100 datasheet: TF32 Tensor Core, dense
+                "fp32": 19.5e12},            # A100 datasheet: FP32
+    efficiency=_MEGATRON_A100_EFFICIENCY,
+    mem_bandwidth=2039e9,                    # A100 80GB SXM datasheet: 2,039 GB/s
+    intra_alpha=_NCCL_RING_SIMPLE_NVLINK_S,
+    intra_beta=1 / 300e9,                    # NVLink 3: 600 GB/s bidirectional = 300 GB/s per direction
+    inter_alpha=_NCCL_RING_SIMPLE_NET_S,
+    inter_beta=1 / 25e9,                     # HDR InfiniBand 200 Gb/s = 25 GB/s per GPU (one HCA per GPU)
+)
+
+_H100 = HardwareProfile(
+    name="h100-80gb",
+    source=("NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS BF16/FP16 dense (1,979 with sparsity), "
+            "494 TFLOPS TF32 dense, 67 TFLOPS FP32, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 GB/s per "
+            "direction); NVIDIA DGX H100 datasheet: 8 GPUs per node, 8x 400 Gb/s NDR InfiniBand (50 GB/s per "
+            "GPU); alpha from NCCL src/graph/tuning.cc hwLat (ring, Simple); efficiency assumed equal to the "
+            "A100 figure of Narayanan et al. SC'21 (no public H100 figure used)"),
+    device="cuda",
+    gpus_per_node=8,                         # DGX H100: 8 GPUs per node
+    memory_bytes=80 * 10**9,                 # H100 SXM5: 80 GB HBM3
+    peak_flops={"bf16": 989e12,              # H100 SXM datasheet: BF16 Tensor Core, dense (half of 1,979 sparse)
+                "fp16": 989e12,              # H100 SXM datasheet: FP16 Tensor Core, dense
+                "tf32": 494e12,              # H100 SXM datasheet: TF32 Tensor Core, dense (half of 989 sparse)
+                "fp32": 67e12},              # H100 SXM datasheet: FP32
+    efficiency=_MEGATRON_A100_EFFICIENCY,
+    mem_bandwidth=3.35e12,                   # H100 SXM datasheet: 3.35 TB/s
+    intra_alpha=_NCCL_RING_SIMPLE_NVLINK_S,
+    intra_beta=1 / 450e9,                    # NVLink 4: 900 GB/s bidirectional = 450 GB/s per direction
+    inter_alpha=_NCCL_RING_SIMPLE_NET_S,
+    inter_beta=1 / 50e9,                     # NDR InfiniBand 400 Gb/s = 50 GB/s per GPU (one HCA per GPU)
+)
+
+_CPU_GLOO = HardwareProfile(
+    name="cpu-gloo",
+    source=("measured on the project's 2-core development VM (AMD EPYC, torch 2.13 CPU build): 1024^3 matmul "
+            "25 GFLOP/s fp32, 97 GFLOP/s bf16, 0.55 GFLOP/s fp16; tensor copy 14.9 GB/s (read + write); "
+            "gloo over loopback TCP with 2-8 forked ranks on 2 cores: about 1 ms per ring step when "
+            "oversubscribed and about 0.7 GB/s per link (rough fit; run `planner calibrate` to refine)"),
+    device="cpu",
+    gpus_per_node=8,                         # every rank on one machine: the whole mesh is one "node"
+    memory_bytes=24 * 2**30,                 # the VM's 24 GiB of RAM
+    peak_flops={"fp32": 25e9, "tf32": 25e9,  # measured: 1024^3 fp32 matmul (no TF32 on CPU)
+                "bf16": 97e9,                # measured: 1024^3 bf16 matmul (AVX512-BF16)
+                "fp16": 0.55e9},             # measured: 1024^3 fp16 matmul (no fast CPU kernel)
+    efficiency=1.0,                          # the peaks above are already measured throughputs
+    mem_bandwidth=14.9e9,                    # measured: copy of a 64 MiB tensor, bytes read + written
+    intra_alpha=1e-3,                        # measured: gloo, small all-gather, per ring step
+    intra_beta=1 / 0.7e9,                    # measured: gloo, 16 MiB all-gather / all-reduce
+    inter_alpha=1e-3,                        # one machine: no inter-node link; same as intra
+    inter_beta=1 / 0.7e9,
+)
+
+BUILTIN_PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (_A100, _H100, _CPU_GLOO)}
+
+
+def load_profile(name_or_path: str | os.PathLike | HardwareProfile) -> HardwareProfile:
+    """A built-in profile by name, or a profile JSON file written by `HardwareProfile.save` /
+    `planner calibrate`. Raises ProfileError for an unknown name (listing the known ones), a file that is
+    not JSON, or a profile with a missing or impossible field."""
+    if isinstance(name_or_path, HardwareProfile):
+        return name_or_path
+    key = str(name_or_path)
+    if key in BUILTIN_PROFILES:
+        return BUILTIN_PROFILES[key]
+    path = Path(key)
+    if not path.is_file():
+        raise ProfileError(f"unknown hardware profile {key!r}: not a built-in name (known: "
+                           f"{sorted(BUILTIN_PROFILES)}) and no such file")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileError(f"hardware profile file {key!r} is not valid JSON ({e}); write it with "
+                           "HardwareProfile.save or `planner calibrate --out`") from None
+    return HardwareProfile.from_json(data)

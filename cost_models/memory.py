@@ -1,0 +1,78 @@
+"""Memory per rank: model states, saved activations, transient buffers.
+
+    model states   = local parameter elements x bytes per parameter (BYTES_PER_PARAM presets)
+    saved          = the tensors autograd keeps for backward, each counted once by its key
+    transient      = the largest temporary buffer set alive while one op runs
+    peak          ~= model states + saved + max transient
+
+What each op saves is in docs/ARCHITECTURE.md ("Saved activations"); this module holds the device-kind
+facts (dropout masks) and the sums, so tests and the plan builder count the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from cost_models.ops import DTYPE_BYTES
+from cost_models.strategy import OpCost, SavedTensor
+
+__all__ = ["BYTES_PER_PARAM", "MemoryModelError", "DEVICE_KINDS", "dropout_mask_itemsize", "model_state_bytes",
+           "unique_saved_bytes", "peak_bytes", "resolve_bytes_per_param"]
+
+# Bytes of model state per parameter element:
+#   fp32_adam:  4 param + 4 grad + 4 Adam m + 4 Adam v
+#   bf16_mixed: 2 bf16 param + 4 fp32 grad + 4 fp32 master + 4 m + 4 v (Megatron-LM's accounting)
+#   inference:  2 (bf16 / fp16 weights only)
+BYTES_PER_PARAM = {"fp32_adam": 16, "bf16_mixed": 18, "inference": 2}
+DEVICE_KINDS = ("cuda", "cpu")
+
+
+class MemoryModelError(ValueError):
+    """A memory-model input that makes no sense (unknown device kind or bytes-per-parameter preset)."""
+
+
+def resolve_bytes_per_param(value: int | str) -> int:
+    """An integer as is, or a BYTES_PER_PARAM preset name."""
+    if isinstance(value, str):
+        if value not in BYTES_PER_PARAM:
+            raise MemoryModelError(f"unknown bytes-per-parameter preset {value!r}; known: {sorted(BYTES_PER_PARAM)} "
+                               "or pass an integer")
+        return BYTES_PER_PARAM[value]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise MemoryModelError(f"bytes_per_param must be a positive integer or a preset name, got {value!r}")
+    return value
+
+
+def dropout_mask_itemsize(dtype: str, device: str) -> int:
+    """Bytes per element of the mask dropout saves: CUDA's fused kernel keeps a 1-byte bool mask; the CPU
+    path multiplies by a noise tensor of the input's dtype and saves that (measured with torch 2.13)."""
+    if device == "cuda":
+        return 1
+    if device == "cpu":
+        return DTYPE_BYTES[dtype]
+    raise MemoryModelError(f"device kind must be one of {DEVICE_KINDS}, got {device!r}")
+
+
+def model_state_bytes(param_elems: int, bytes_per_param: int | str) -> int:
+    return param_elems * resolve_bytes_per_param(bytes_per_param)
+
+
+def unique_saved_bytes(saved: Iterable[SavedTensor]) -> int:
+    """Bytes of saved tensors, each key counted once (two ops saving the same tensor share it)."""
+    seen: dict[str, int] = {}
+    for s in saved:
+        if s.key in seen and seen[s.key] != s.bytes:
+            raise AssertionError(f"saved tensor {s.key} has two sizes: {seen[s.key]} and {s.bytes}")
+        seen[s.key] = s.bytes
+    return sum(seen.values())
+
+
+def peak_bytes(costs: Iterable[OpCost], bytes_per_param: int | str) -> int:
+    """Model states + unique saved activations + the largest transient of a list of op costs (no
+    checkpointing): the per-rank peak the solver's memory model gives for one choice per op."""
+    costs = list(costs)
+    bpp = resolve_bytes_per_param(bytes_per_param)
+    states = sum(c.param_elems for c in costs) * bpp
+    saved = unique_saved_bytes(s for c in costs for s in c.saved)
+    transient = max((c.transient_bytes for c in costs), default=0)
+    return states + saved + transient

@@ -1,0 +1,205 @@
+"""Strategies per op and their costs: the registry of op-family rules, `enumerate_strategies`, `op_cost`.
+
+One rule per op family (one function, registered with `@register(kind, ...)`) yields, for an op on a
+mesh, each strategy it offers with its hardware-independent `Usage`, and a reason for each variant it
+does not offer. Rules are pure functions of (kind, shapes, dtypes, attrs, mesh, input candidates, device
+kind), so results are memoised on that key: the 96 identical layers of a GPT are costed once.
+
+    strategies, reasons = enumerate_strategies(op, mesh, input_candidates)
+    cost = op_cost(op, strategy, mesh, hw, device="cuda", bytes_per_param=16)
+
+`input_candidates[i]` lists the layouts input i may arrive in (the producers' output layouts; for a
+`getitem` of a multi-output op, those of the selected output). Follow ops (element-wise, shape ops,
+softmax, matmul of two activations, layer norm, cross-entropy) offer one strategy per usable candidate;
+linears and embeddings fix their own input layouts. Hints the rules read from `op.attrs` are set by
+`mark_graph_hints` (see `cost_models.strategies.hints`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from functools import cache
+from typing import Any
+
+from cost_models.comm import collective_seconds
+from cost_models.compute import roofline_seconds
+from cost_models.hardware import HardwareProfile
+from cost_models.layout import Layout
+from cost_models.memory import DEVICE_KINDS, resolve_bytes_per_param
+from cost_models.mesh import Mesh
+from cost_models.ops import OpNode, ParamInfo
+from cost_models.strategies.base import Candidates, Rule, Usage
+from cost_models.strategy import OpCost, SavedTensor, Strategy
+
+__all__ = ["register", "registered_kinds", "enumerate_strategies", "op_cost", "op_signature", "StrategyError",
+           "mark_graph_hints"]
+
+
+class StrategyError(ValueError):
+    """An op the cost model cannot handle as asked (no rule for its kind, or a strategy it does not offer)."""
+
+
+_RULES: dict[str, Rule] = {}
+
+
+def register(*kinds: str) -> Callable[[Rule], Rule]:
+    """Decorator: `rule` produces the strategies of ops of these kinds."""
+    def deco(rule: Rule) -> Rule:
+        for k in kinds:
+            if k in _RULES:
+                raise StrategyError(f"op kind {k!r} already has a rule ({_RULES[k].__name__})")
+            _RULES[k] = rule
+        return rule
+    return deco
+
+
+def registered_kinds() -> tuple[str, ...]:
+    return tuple(sorted(_RULES))
+
+
+# --- canonical ops: the memo key ---------------------------------------------------------------------
+def _freeze(v: Any) -> Hashable:
+    if isinstance(v, dict):
+        return tuple(sorted((str(k), _freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, set):
+        return tuple(sorted(_freeze(x) for x in v))
+    if isinstance(v, slice):
+        return ("slice", v.start, v.stop, v.step)
+    try:
+        hash(v)
+    except TypeError:
+        return repr(v)
+    return v
+
+
+_OP = "%op"
+
+
+def _ref(i: int) -> str:
+    return f"%{i}"
+
+
+class _Canon:
+    """An op with its names replaced by placeholders; equal for ops that differ only in names."""
+
+    __slots__ = ("op", "key", "_hash")
+
+    def __init__(self, op: OpNode) -> None:
+        self.op = OpNode(
+            name=_OP, kind=op.kind, target=op.target, inputs=[_ref(i) for i in range(len(op.inputs))],
+            input_meta=list(op.input_meta), outputs=list(op.outputs),
+            params=[ParamInfo(f"%p{j}", p.shape, p.dtype, p.role) for j, p in enumerate(op.params)],
+            attrs=op.attrs,
+        )
+        self.key = (op.kind, op.target, tuple(op.input_meta), tuple(op.outputs),
+                    tuple((p.shape, p.dtype, p.role) for p in op.params), len(op.inputs), _freeze(op.attrs))
+        self._hash = hash(self.key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Canon) and self.key == other.key
+
+
+def op_signature(op: OpNode) -> Hashable:
+    """What an op's strategies and costs depend on (kind, target, shapes, dtypes, params, attrs): ops
+    with equal signatures (the same op in identical blocks) have equal strategy lists and costs."""
+    return _Canon(op).key
+
+
+def _canon(op: OpNode) -> _Canon:
+    return _Canon(op)
+
+
+def _freeze_candidates(c: Candidates) -> Hashable:
+    return None if c is None else tuple(tuple(x) if x else () for x in c)
+
+
+@cache
+def _offers(canon: _Canon, mesh: Mesh, cands: Hashable, device: str) -> tuple[dict[Strategy, Usage], tuple[str, ...]]:
+    rule = _RULES.get(canon.op.kind) or _RULES["other"]
+    candidates = None if cands is None else [list(x) for x in cands]
+    table: dict[Strategy, Usage] = {}
+    reasons: list[str] = []
+    for item in rule(canon.op, mesh, candidates, device):
+        if isinstance(item, str):
+            if item not in reasons:
+                reasons.append(item)
+        else:
+            strategy, usage = item
+            table.setdefault(strategy, usage)
+    if not table:
+        raise StrategyError(f"no strategy for {canon.op.kind} op on mesh {mesh}: " + "; ".join(reasons))
+    return table, tuple(reasons)
+
+
+def _check_device(device: str) -> None:
+    if device not in DEVICE_KINDS:
+        raise StrategyError(f"device kind must be one of {DEVICE_KINDS}, got {device!r}")
+
+
+def enumerate_strategies(op: OpNode, mesh: Mesh,
+                         input_candidates: list[list[Layout]] | None = None) -> tuple[list[Strategy], list[str]]:
+    """The strategies `op` can run with on `mesh`, and the reasons for the scheme variants not offered
+    (e.g. "3d[roles=xyz]: in_features 1600 not divisible by 16 (axis zx)")."""
+    table, reasons = _offers(_canon(op), mesh, _freeze_candidates(input_candidates), "cuda")
+    return list(table), list(reasons)
+
+
+@cache
+def _priced(canon: _Canon, strategy: Strategy, mesh: Mesh, hw: HardwareProfile, device: str, bpp: int) -> OpCost:
+    table, _ = _offers(canon, mesh, None, device)
+    usage = table.get(strategy)
+    if usage is None:
+        # A strategy built from caller candidates: enumerate with exactly its input layouts.
+        cands = tuple((lay,) if lay is not None else () for lay in strategy.inputs)
+        table, _ = _offers(canon, mesh, cands, device)
+        usage = table.get(strategy)
+    if usage is None:
+        raise StrategyError(f"strategy {strategy} is not valid for {canon.op.kind} op with inputs "
+                            f"{[m.shape for m in canon.op.input_meta]} on mesh {mesh}")
+    fwd = [c for c in usage.collectives if c.phase == "forward"]
+    fwd_comm = sum(collective_seconds(c, mesh, hw) for c in fwd)
+    comm = fwd_comm + sum(collective_seconds(c, mesh, hw) for c in usage.collectives if c.phase != "forward")
+    fwd_compute = roofline_seconds(usage.fwd_flops, usage.fwd_bytes, usage.dtype, hw)
+    bwd_compute = roofline_seconds(usage.bwd_flops, usage.bwd_bytes, usage.dtype, hw)
+    return OpCost(
+        param_elems=usage.param_elems, state_bytes=usage.param_elems * bpp, saved=tuple(usage.saved),
+        transient_bytes=usage.transient_bytes, flops=usage.fwd_flops + usage.bwd_flops,
+        fwd_flops=usage.fwd_flops, compute_s=fwd_compute + bwd_compute, fwd_compute_s=fwd_compute,
+        collectives=tuple(usage.collectives), comm_s=comm, fwd_comm_s=fwd_comm, notes=tuple(usage.notes),
+    )
+
+
+def _relabel(key: str, op: OpNode) -> str:
+    head, sep, rest = key.partition(":")
+    if head == _OP:
+        return op.name + sep + rest
+    if head.startswith("%") and head[1:].isdigit():
+        return op.inputs[int(head[1:])] + sep + rest
+    return key
+
+
+def op_cost(op: OpNode, strategy: Strategy, mesh: Mesh, hw: HardwareProfile, *, device: str = "cuda",
+            bytes_per_param: int | str = 16) -> OpCost:
+    """What `strategy` of `op` costs one rank per training step on `mesh` with hardware `hw`; `device`
+    ("cuda" or "cpu") picks the memory semantics (dropout masks), `bytes_per_param` an integer or a
+    BYTES_PER_PARAM preset name."""
+    _check_device(device)
+    bpp = resolve_bytes_per_param(bytes_per_param)
+    priced = _priced(_canon(op), strategy, mesh, hw, device, bpp)
+    saved = tuple(SavedTensor(_relabel(s.key, op), s.bytes) for s in priced.saved)
+    return OpCost(
+        param_elems=priced.param_elems, state_bytes=priced.state_bytes, saved=saved,
+        transient_bytes=priced.transient_bytes, flops=priced.flops, fwd_flops=priced.fwd_flops,
+        compute_s=priced.compute_s, fwd_compute_s=priced.fwd_compute_s, collectives=priced.collectives,
+        comm_s=priced.comm_s, fwd_comm_s=priced.fwd_comm_s, notes=priced.notes,
+    )
+
+
+# Rules register themselves on import (they import `register` from this module, defined above).
+from cost_models.strategies import attention, embedding, follow, linear, loss, norm  # noqa: E402, F401
+from cost_models.strategies.hints import mark_graph_hints  # noqa: E402

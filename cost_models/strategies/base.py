@@ -1,0 +1,173 @@
+"""Shared pieces of the op-family rules: the hardware-independent cost record and layout helpers.
+
+A rule (one function per op family, registered in `cost_models.strategies`) yields, for one op on one
+mesh, every strategy it offers together with its `Usage` (what the strategy costs in elements, bytes,
+FLOPs and collectives, before any hardware numbers), and a reason string for every variant it does not
+offer. `op_cost` turns a `Usage` into an `OpCost` with a hardware profile.
+
+Saved-tensor keys: "<node>:<layout>" names a tensor as it flows between ops (the output of node <node>
+in that layout; the runtime converts a producer's output to one layout once and shares it among its
+consumers), so two ops that save the same tensor count it once. Copies an op makes for itself (gathered
+inputs, gathered weights, contiguous copies of transposed matmul operands, dropout masks) are keyed
+"<op>:<what>:<layout>".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import combinations, permutations
+from typing import Any
+
+from cost_models.layout import Axes, Layout, split_tokens
+from cost_models.mesh import Mesh
+from cost_models.ops import OpNode, TensorMeta
+from cost_models.redistribution import Step
+from cost_models.strategy import Collective, SavedTensor, Strategy
+
+__all__ = ["Usage", "Offer", "Rule", "Candidates", "make_options", "axis_subsets", "ordered_pairs",
+           "cube_permutations", "rest_axes", "token_layout", "local_bytes", "param_key", "input_candidates_for",
+           "tensor_key", "default_candidates"]
+
+Candidates = list[list[Layout]] | None
+
+
+@dataclass
+class Usage:
+    """What one strategy costs one rank, before hardware numbers.
+
+    fwd_flops / bwd_flops and fwd_bytes / bwd_bytes (device-memory traffic) feed the roofline per phase;
+    dtype picks the peak; collectives are the op's own (forward and backward); notes are for people.
+    """
+
+    mesh: Mesh
+    dtype: str = "float32"
+    param_elems: int = 0
+    saved: list[SavedTensor] = field(default_factory=list)
+    transient_bytes: int = 0
+    fwd_flops: float = 0.0
+    bwd_flops: float = 0.0
+    fwd_bytes: float = 0.0
+    bwd_bytes: float = 0.0
+    collectives: list[Collective] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def collective(self, kind: str, axes: Axes, nbytes: int, phase: str, tag: str) -> None:
+        """Record a collective; a group of one rank is a no-op and is not recorded."""
+        if axes and self.mesh.size(axes) > 1:
+            self.collectives.append(Collective(kind, tuple(axes), int(nbytes), phase, tag))
+
+    def steps(self, steps: Iterable[Step], phase: str, tag: str) -> None:
+        """Record the collectives of redistribution steps (local slices cost nothing)."""
+        for s in steps:
+            if s.is_collective:
+                self.collective(s.kind, s.axes, s.bytes, phase, tag)
+
+    def save(self, key: str, nbytes: int) -> None:
+        if nbytes > 0:
+            self.saved.append(SavedTensor(key, int(nbytes)))
+
+    def temp(self, nbytes: int) -> None:
+        """A set of temporary buffers alive together: the transient is the largest such set."""
+        self.transient_bytes = max(self.transient_bytes, int(nbytes))
+
+
+Offer = tuple[Strategy, Usage]
+# A rule: (op, mesh, input candidates or None, device kind) -> offers and reasons (str) for variants not offered.
+Rule = Callable[[OpNode, Mesh, Candidates, str], Iterator[Offer | str]]
+
+
+def make_options(**kw: Any) -> tuple[tuple[str, Any], ...]:
+    """Strategy options as sorted (key, value) pairs, dropping None values."""
+    return tuple(sorted((k, v) for k, v in kw.items() if v is not None))
+
+
+def axis_subsets(mesh: Mesh) -> list[Axes]:
+    """Every non-empty subset of the mesh axes, each in mesh order (smallest subsets first)."""
+    names = mesh.axis_names
+    return [c for r in range(1, len(names) + 1) for c in combinations(names, r)]
+
+
+def ordered_pairs(mesh: Mesh) -> list[tuple[str, str]]:
+    return list(permutations(mesh.axis_names, 2))
+
+
+def cube_permutations(mesh: Mesh) -> list[tuple[str, str, str]]:
+    """Every ordering of every three mesh axes of equal size."""
+    out = []
+    for trio in combinations(mesh.axis_names, 3):
+        if len({mesh.axis_size(a) for a in trio}) == 1:
+            out.extend(permutations(trio))
+    return out
+
+
+def rest_axes(mesh: Mesh, used: Iterable[str]) -> Axes:
+    """The mesh axes not in `used`, in mesh order (a scheme's data-parallel axes)."""
+    used = set(used)
+    return tuple(a for a in mesh.axis_names if a not in used)
+
+
+def token_layout(shape: tuple[int, ...], token_axes: Axes, mesh: Mesh, feature_axes: Axes = (),
+                 seq_axes: Axes = (), interleave: int = 1) -> Layout | None:
+    """Layout of an activation [*tokens, F]: tokens spread over `token_axes` (batch dim first, see
+    `split_tokens`), then `seq_axes` appended on the last token dim (sequence parallelism), features over
+    `feature_axes`. None when the splits do not divide the shape."""
+    n_tok = len(shape) - 1
+    if n_tok < 1:
+        return None
+    tok = split_tokens(shape, n_tok, token_axes, mesh)
+    if tok is None:
+        return None
+    dims = list(tok)
+    dims[-1] = dims[-1] + tuple(seq_axes)
+    layout = Layout(tuple(dims) + (tuple(feature_axes),), interleave=interleave if feature_axes else 1)
+    if not layout.fits(shape, mesh):
+        return None
+    if interleave > 1 and feature_axes and shape[-1] % (mesh.size(feature_axes) * interleave):
+        return None
+    return layout
+
+
+def local_bytes(meta: TensorMeta | tuple[int, ...], layout: Layout, mesh: Mesh, itemsize: int | None = None) -> int:
+    """Bytes of this rank's block of a tensor in `layout` (itemsize from the meta unless given)."""
+    if isinstance(meta, TensorMeta):
+        shape, size = meta.shape, meta.itemsize if itemsize is None else itemsize
+    else:
+        shape, size = meta, itemsize or 1
+    return layout.local_numel(shape, mesh) * size
+
+
+def tensor_key(producer: str, layout: Layout) -> str:
+    """Saved-tensor key of the output of node `producer` as it flows in `layout`."""
+    return f"{producer}:{layout}"
+
+
+def param_key(op: OpNode, index: int) -> str:
+    """The key of op.params[index] in Strategy.params: its role, or role + index when two params share
+    a role."""
+    role = op.params[index].role
+    if sum(p.role == role for p in op.params) > 1:
+        return f"{role}{index}"
+    return role
+
+
+def default_candidates(meta: TensorMeta, mesh: Mesh) -> list[Layout]:
+    """Layouts a tensor may arrive in when the caller gives no candidates: replicated, dim 0 split over
+    each subset of axes, and (for ndim >= 2) the last dim split over each subset."""
+    nd = len(meta.shape)
+    out = [Layout.replicated(nd)]
+    for axes in axis_subsets(mesh):
+        for d in ((0, nd - 1) if nd >= 2 else (0,)):
+            lay = Layout.shard(nd, d, axes)
+            if lay.fits(meta.shape, mesh) and lay not in out:
+                out.append(lay)
+    return out
+
+
+def input_candidates_for(op: OpNode, index: int, candidates: Candidates, mesh: Mesh) -> list[Layout]:
+    """The candidate layouts of input `index`: the caller's (dropping partial sums, which no follow op
+    takes) or the defaults."""
+    if candidates is not None and index < len(candidates) and candidates[index]:
+        return [c for c in candidates[index] if not c.partial]
+    meta = op.input_meta[index] if index < len(op.input_meta) else op.out
+    return default_candidates(meta, mesh)

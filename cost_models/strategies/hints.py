@@ -1,0 +1,56 @@
+"""Graph hints: facts about an op's neighbours that its rule needs, written into `op.attrs`.
+
+Rules see one op at a time, but two choices depend on the graph around it:
+
+* `attrs["out_segments"] = k` on a linear whose output is split by a consumer into k equal
+  parts on the feature (last) dim, as a fused q/k/v projection is: its feature-split strategies produce
+  layouts with `interleave = k` and shard the weight rows per segment.
+* `attrs["copies_inputs"] = (bool, ...)` on a matmul: True for an operand produced by a transpose /
+  permute, which matmul copies to a contiguous tensor before the batched matmul and saves (measured with
+  torch 2.13: the attention matmuls save copies of the transposed q, k, v). A saved copy is a tensor of
+  its own (keyed by the matmul), not the producer's output that other ops might also save.
+
+Call `mark_graph_hints(ops)` once on the captured op list before enumerating strategies (the plan builder
+does). Without it the rules assume no fused outputs and no copies.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from cost_models.ops import OpNode
+
+__all__ = ["mark_graph_hints", "equal_last_dim_split"]
+
+
+def equal_last_dim_split(op: OpNode) -> int:
+    """k when `op` is a split of its input's last dim into k > 1 equal parts, else 0."""
+    if op.kind != "split" or not op.input_meta:
+        return 0
+    ndim = len(op.input_meta[0].shape)
+    dim = op.attrs.get("dim", 0)
+    sizes = list(op.attrs.get("sizes", ()) or ())
+    if not sizes:
+        sizes = [o.shape[dim % ndim] for o in op.outputs]
+    if ndim == 0 or dim % ndim != ndim - 1 or len(sizes) < 2 or len(set(sizes)) != 1:
+        return 0
+    return len(sizes)
+
+
+def mark_graph_hints(ops: list[OpNode]) -> None:
+    """Set the `out_segments` and `copies_inputs` hints (see the module docstring) in place."""
+    by_name = {op.name: op for op in ops}
+    consumers: dict[str, list[OpNode]] = defaultdict(list)
+    for op in ops:
+        for src in op.inputs:
+            consumers[src].append(op)
+    for op in ops:
+        if op.kind == "linear":
+            segments = {equal_last_dim_split(c) for c in consumers[op.name]} - {0}
+            if len(segments) == 1:
+                op.attrs["out_segments"] = segments.pop()
+            else:
+                op.attrs.pop("out_segments", None)
+        elif op.kind == "matmul":
+            op.attrs["copies_inputs"] = tuple(
+                src in by_name and by_name[src].kind == "permute" for src in op.inputs)

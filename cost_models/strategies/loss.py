@@ -1,0 +1,57 @@
+"""Cross-entropy of logits [*tokens, V] against integer targets [*tokens].
+
+When the vocabulary dim of the logits is split over axes A (a vocab-parallel head), the loss is computed
+without gathering the logits (Megatron's vocab-parallel cross-entropy): three all-reduces over A of one
+fp32 per local token (the max, the target logit, the sum of exponentials; tag stats). Otherwise it is
+local. The targets must be split like the logits' token dims. With reduction "mean"/"sum" over tokens
+split over some axes, the scalar loss is all-reduced over them in forward (tag output) so every rank holds
+the complete loss. Saves its log-softmax output (the logits' size and dtype) and the targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from cost_models.compute import FLOPS_PER_ELEM
+from cost_models.layout import Layout
+from cost_models.mesh import Mesh
+from cost_models.ops import OpNode
+from cost_models.strategies import register
+from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes, tensor_key
+from cost_models.strategy import Strategy
+
+__all__ = ["cross_entropy_rule", "VOCAB_STATS"]
+
+VOCAB_STATS = ("max", "target_logit", "sum_exp")
+_STAT_BYTES = 4  # one fp32 per token per statistic
+
+
+@register("cross_entropy")
+def cross_entropy_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
+    logits, targets, out = op.input_meta[0], op.input_meta[1], op.out
+    for lay in input_candidates_for(op, 0, candidates, mesh):
+        vocab_axes = lay.dims[-1]
+        if vocab_axes and lay.interleave > 1:
+            yield f"cross-entropy over an interleaved vocab split {lay}"
+            continue
+        t_lay = Layout(lay.dims[:-1])
+        if not t_lay.fits(targets.shape, mesh):
+            yield f"targets {targets.shape} do not split like {lay}"
+            continue
+        tokens = t_lay.local_numel(targets.shape, mesh)
+        u = Usage(mesh, dtype=logits.dtype)
+        for _ in VOCAB_STATS:
+            u.collective("all_reduce", vocab_axes, _STAT_BYTES * tokens, "forward", "stats")
+        if len(out.shape) == 0:
+            o_lay = Layout(())
+            u.collective("all_reduce", t_lay.axes(), out.itemsize, "forward", "output")
+        else:
+            o_lay = t_lay
+        logit_bytes = local_bytes(logits, lay, mesh)
+        u.save(f"{op.name}:log_softmax:{lay}", logit_bytes)
+        u.save(tensor_key(op.inputs[1], t_lay), local_bytes(targets, t_lay, mesh))
+        u.temp(logit_bytes)
+        u.fwd_flops = FLOPS_PER_ELEM["cross_entropy"] * lay.local_numel(logits.shape, mesh)
+        u.bwd_flops = 2 * lay.local_numel(logits.shape, mesh)
+        u.fwd_bytes, u.bwd_bytes = 2 * logit_bytes, 2 * logit_bytes
+        yield Strategy("vocab" if vocab_axes else "follow", (lay, t_lay), (o_lay,)), u
