@@ -3,7 +3,8 @@
 Every function takes the local tensor, the mesh axes of the group (in the order that defines block
 order, first axis outermost) and the `DeviceMesh`. Results follow that order whatever the order of the
 underlying process group: all_gather concatenates chunks in requested-axes order, reduce_scatter gives
-each rank the chunk of its position, all_to_all sends chunk p to position p. An empty `axes` is a no-op.
+each rank the chunk of its position, all_to_all sends chunk p to position p. Empty `axes` (or a group of
+one rank) is a no-op that returns the input and records nothing.
 
 `interleave=k` (gather / scatter on the last dim only): the dim holds k equal segments, each split on its
 own (fused q/k/v), so chunks are concatenated / cut per segment.
@@ -97,6 +98,11 @@ def _record(kind: str, axes: Sequence[str], nbytes: int, tag: str) -> None:
             c.records.append(rec)
 
 
+def _trivial(axes: Sequence[str], mesh: DeviceMesh) -> bool:
+    """No axes, or a group of one rank: nothing to do and nothing recorded (as the cost model prices it)."""
+    return not axes or mesh.size(axes) == 1
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -138,7 +144,7 @@ def _check_split(t: torch.Tensor, dim: int, n: int) -> None:
 def all_gather(t: torch.Tensor, dim: int, axes: Sequence[str], mesh: DeviceMesh, *, tag: str = "",
                interleave: int = 1) -> torch.Tensor:
     """Concatenate the local blocks of the group over `axes` along `dim`, in requested-axes order."""
-    if not axes:
+    if _trivial(axes, mesh):
         return t
     order = mesh.order(axes)
     t = t.contiguous()
@@ -152,7 +158,7 @@ def all_gather(t: torch.Tensor, dim: int, axes: Sequence[str], mesh: DeviceMesh,
 def reduce_scatter(t: torch.Tensor, dim: int, axes: Sequence[str], mesh: DeviceMesh, *, tag: str = "",
                    interleave: int = 1) -> torch.Tensor:
     """Sum over the group and keep the block of this rank's position along `dim`."""
-    if not axes:
+    if _trivial(axes, mesh):
         return t
     order = mesh.order(axes)
     chunks = split_chunks(t, dim, len(order), interleave)
@@ -168,7 +174,7 @@ def reduce_scatter(t: torch.Tensor, dim: int, axes: Sequence[str], mesh: DeviceM
 def all_reduce(t: torch.Tensor, axes: Sequence[str], mesh: DeviceMesh, *, tag: str = "",
                op: str = "sum") -> torch.Tensor:
     """Sum (or max) over the group; returns a new tensor, never changes `t`."""
-    if not axes:
+    if _trivial(axes, mesh):
         return t
     out = t.clone(memory_format=torch.contiguous_format)
     reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
@@ -181,7 +187,7 @@ def all_to_all(t: torch.Tensor, gather_dim: int, scatter_dim: int, axes: Sequenc
                tag: str = "") -> torch.Tensor:
     """Cut `scatter_dim` into blocks, send block p to position p, and concatenate what arrives along
     `gather_dim` in position order."""
-    if not axes:
+    if _trivial(axes, mesh):
         return t
     order = mesh.order(axes)
     chunks = split_chunks(t, scatter_dim, len(order))
@@ -197,7 +203,7 @@ def all_to_all(t: torch.Tensor, gather_dim: int, scatter_dim: int, axes: Sequenc
 def broadcast(t: torch.Tensor, axes: Sequence[str], mesh: DeviceMesh, *, src: int = 0, tag: str = "") -> torch.Tensor:
     """The tensor of the member at position `src` of the group over `axes`, on every member (`t` must
     have the right shape and dtype everywhere)."""
-    if not axes:
+    if _trivial(axes, mesh):
         return t
     out = t.clone(memory_format=torch.contiguous_format)
     dist.broadcast(out, src=mesh.global_rank_at(axes, src), group=mesh.group(axes))

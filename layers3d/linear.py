@@ -76,7 +76,7 @@ class _LinearFn(torch.autograd.Function):
         x_saved, w_saved = ctx.saved_tensors
         dx = dw = db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = all_reduce(dy.reshape(-1, dy.shape[-1]).sum(0), call.b_grad_ar, m, tag="grad_weight")
+            db = all_reduce(dy.reshape(-1, dy.shape[-1]).sum(0), call.b_grad_ar, m, tag="grad_bias")
         red = call.out_reduce
         dyg = all_gather(dy, red[2], red[1], m, tag="grad_output") if red and red[0] == "reduce_scatter" else dy
         if ctx.needs_input_grad[0]:

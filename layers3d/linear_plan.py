@@ -15,7 +15,7 @@ collectives of docs/ARCHITECTURE.md's scheme table (y = x W^T + b, x: [*tokens, 
 | 3d_allreduce (m, k, n) | tok/(dp,m), K/k | N/n, K/k (ws: K/(k,m)) | AR y over k | AR dX over n, AR dW over (dp, m) |
 
 Parameter gradients are then all-reduced over dp (tag grad_weight; fsdp reduce-scatters instead); the bias
-gradient over every axis that splits y's tokens.
+gradient over every axis that splits y's tokens (tag grad_bias, as cost_models.strategies prices it).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class LinearScheme:
     dp: data-parallel axes splitting the tokens (batch first); None = every mesh axis not in roles.
         Mesh axes in neither are replicas: they compute the same shard and need no reduction.
     sp: 1d only: sequence parallelism (the sequence dim is also split over T outside the layer).
-    save_input: 3d only: "gathered" saves the all-gathered input, "shard" the local shard (gathered
-        again in backward).
+    save_input: schemes that all-gather their input (3d, 2d, 1d_col with sp): "gathered" saves the
+        gathered input, "shard" the local shard (gathered again in backward, tag input).
     weight_shard: 3d_allreduce only: W's K dim also split over m, all-gathered before use.
     """
 
@@ -75,8 +75,10 @@ class LinearScheme:
             raise ShardingError(f"scheme {self.name}: roles {roles} and dp {dp} must be distinct mesh axes")
         if self.sp and self.name not in ("1d_col", "1d_row"):
             raise ShardingError(f"sp (sequence parallelism) applies to 1d_col/1d_row, not {self.name}")
-        if self.save_input not in ("gathered", "shard") or (self.save_input == "shard" and self.name != "3d"):
-            raise ShardingError(f"save_input={self.save_input!r}: use 'gathered', or 'shard' with scheme 3d")
+        gathers_input = self.name in ("2d", "3d") or (self.name == "1d_col" and self.sp)
+        if self.save_input not in ("gathered", "shard") or (self.save_input == "shard" and not gathers_input):
+            raise ShardingError(f"save_input={self.save_input!r}: use 'gathered', or 'shard' with a scheme that "
+                                "gathers its input (2d, 3d, 1d_col with sp)")
         if self.weight_shard and self.name != "3d_allreduce":
             raise ShardingError(f"weight_shard applies to 3d_allreduce only, not {self.name}")
         return LinearScheme(self.name, roles, dp, self.sp, self.save_input, self.weight_shard)
@@ -204,7 +206,8 @@ class LinearGeometry:
     def y_layout(self, shape: Sequence[int]) -> Layout:
         """Layout of the output of global shape [*tokens, N]."""
         dims = token_dims(shape[:-1], self.y_tok, self.y_seq, self.mesh, f"{self.name} linear output")
-        return _checked(Layout(dims + (self.y_feat,), interleave=self.interleave), shape, self.mesh,
+        inter = self.interleave if self.y_feat else 1  # segments matter only on a split dim
+        return _checked(Layout(dims + (self.y_feat,), interleave=inter), shape, self.mesh,
                         f"{self.name} linear output")
 
     # --- collectives ---------------------------------------------------------------------------

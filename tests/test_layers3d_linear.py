@@ -50,6 +50,7 @@ def cases() -> list[Case]:
         Case((2, 2, 2), "1d_col", ("y", "z"), tokens=(2, 3), k=7, n=24, interleave=3, transposed=True),
         Case((2, 2, 2), "1d_col", xyz, tokens=(2, 16), k=6, n=8, sp=True),
         Case((2, 2, 2), "1d_col", ("z",), ("x", "y"), tokens=(4, 4), k=6, n=8, sp=True, bias=False),
+        Case((2, 2, 2), "1d_col", ("y", "z"), ("x",), tokens=(2, 8), k=6, n=8, sp=True, save_input="shard"),
         Case((2, 2, 2), "1d_row", xyz, tokens=(3, 2), k=16, n=6),
         Case((2, 2, 2), "1d_row", ("x", "z"), ("y",), tokens=(2, 3), k=8, n=5, transposed=True),
         Case((2, 2, 2), "1d_row", xyz, tokens=(2, 16), k=8, n=6, sp=True),
@@ -101,6 +102,8 @@ def expected_collectives(c: Case) -> list[Collective]:
         t = roles
         if c.sp:
             add(fw, "all_gather", t, m / q(dp) * k * b, "input")
+            if c.save_input == "shard":
+                add(bw, "all_gather", t, m / q(dp) * k * b, "input")
         add(bw, "reduce_scatter" if c.sp else "all_reduce", t, m / q(dp) * k * b, "grad_input")
         add(bw, "all_reduce", dp, n / q(t) * k * b, "grad_weight")
         bias_n = n / q(t)
@@ -146,12 +149,12 @@ def expected_collectives(c: Case) -> list[Collective]:
             add(bw, "all_reduce", dp + mm, w_loc, "grad_weight")
         bias_axes, bias_n = dp + mm, n / q(nn_)
     if c.bias:
-        add(bw, "all_reduce", bias_axes, bias_n * b, "grad_weight")
+        add(bw, "all_reduce", bias_axes, bias_n * b, "grad_bias")
     return out
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+    return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-30))
 
 
 def _check_case(c: Case, dm, rank: int, ckpt: bool) -> list[Collective]:

@@ -1,0 +1,138 @@
+"""ParallelEmbedding: y = W[ids] with W: [V, H] split by scheme.
+
+| scheme    | W stored              | ids / y                          | forward                      | backward            |
+|-----------|-----------------------|----------------------------------|------------------------------|---------------------|
+| replicate | full                  | tok/(dp) -> tok/(dp), H          | -                            | AR dW over dp       |
+| fsdp      | V/dp (H/dp if V does not divide) | tok/(dp) -> tok/(dp), H | AG W over dp (weight)        | RS dW over dp       |
+| vocab (T) | V/T                   | tok/(dp) -> tok/(dp), H          | AR y over T (output)         | AR dW over dp       |
+| vocab sp  | V/T                   | tok/(dp) -> tok/(dp), seq/T, H   | RS y over T onto seq (output)| AG dY over T, AR dW |
+| hidden (T)| H/T                   | tok/(dp) -> tok/(dp), H/T        | -                            | AR dW over dp       |
+
+A vocab-parallel rank looks up the ids in its range [lo, hi) and writes zeros for the others; the
+all-reduce (or reduce-scatter) over T completes the rows. dp defaults to the mesh axes the scheme does
+not use (every axis for replicate / fsdp).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from cost_models.layout import Layout
+from layers3d.data_parallel import gather_param, reduce_grad
+from layers3d.errors import ShardingError
+from layers3d.functional import reduce_output, reduce_scatter_output
+from layers3d.linear_plan import token_dims
+from layers3d.mesh import DeviceMesh
+from layers3d.shard import ParamInit, check_divisible, gather_tensor, init_shard, local_block
+
+__all__ = ["EMBEDDING_SCHEMES", "ParallelEmbedding"]
+
+Axes = tuple[str, ...]
+EMBEDDING_SCHEMES = ("replicate", "fsdp", "vocab", "hidden")
+
+
+class ParallelEmbedding(nn.Module):
+    """An embedding table split over a device mesh (see the module docstring).
+
+    axes: T for "vocab" / "hidden" (empty otherwise); dp: token axes (default: the other mesh axes);
+    sp: vocab only: reduce-scatter the output onto the sequence dim instead of all-reducing it.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, mesh: DeviceMesh, scheme: str = "replicate", *,
+                 axes: Sequence[str] = (), dp: Sequence[str] | None = None, sp: bool = False,
+                 padding_idx: int | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", init_fn: ParamInit | None = None,
+                 generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        if scheme not in EMBEDDING_SCHEMES:
+            raise ShardingError(f"unknown embedding scheme {scheme!r}; choose one of {EMBEDDING_SCHEMES}")
+        axes = tuple(axes)
+        if (scheme in ("vocab", "hidden")) != bool(axes):
+            need = "one or more" if scheme in ("vocab", "hidden") else "no"
+            raise ShardingError(f"embedding scheme {scheme} takes {need} tensor-parallel axes, got axes={axes}")
+        if sp and scheme != "vocab":
+            raise ShardingError("sp (reduce-scatter onto the sequence dim) applies to the vocab scheme only")
+        self.dp = tuple(a for a in mesh.axis_names if a not in axes) if dp is None else tuple(dp)
+        if len(set(axes + self.dp)) != len(axes + self.dp) or any(a not in mesh.axis_names for a in axes + self.dp):
+            raise ShardingError(f"embedding axes {axes} and dp {self.dp} must be distinct axes of mesh {mesh.mesh}")
+        if padding_idx is not None and padding_idx < 0:
+            padding_idx += num_embeddings
+        self.mesh, self.scheme, self.axes, self.sp = mesh, scheme, axes, sp
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        fix = "choose sizes divisible by the split, or another scheme or mesh"
+        if scheme == "fsdp":
+            self.weight_dims: tuple[Axes, Axes] = (self.dp, ()) if num_embeddings % mesh.size(self.dp) == 0 \
+                else ((), self.dp)
+        else:
+            self.weight_dims = {"replicate": ((), ()), "vocab": (axes, ()), "hidden": ((), axes)}[scheme]
+        check_divisible(num_embeddings, self.weight_dims[0], mesh.mesh, f"{scheme} embedding vocabulary", fix)
+        check_divisible(embedding_dim, self.weight_dims[1], mesh.mesh, f"{scheme} embedding dim", fix)
+        local = (num_embeddings // mesh.size(self.weight_dims[0]), embedding_dim // mesh.size(self.weight_dims[1]))
+        self.weight = nn.Parameter(init_shard("weight", local, self.weight_dims, mesh.mesh, mesh.rank, init_fn=init_fn,
+                                              generator=generator, dtype=dtype, device=device))
+
+    @classmethod
+    def from_dense(cls, dense: nn.Embedding, mesh: DeviceMesh, scheme: str = "replicate", *,
+                   axes: Sequence[str] = (), dp: Sequence[str] | None = None, sp: bool = False,
+                   init_fn: ParamInit | None = None, generator: torch.Generator | None = None,
+                   device: torch.device | str | None = None) -> ParallelEmbedding:
+        """Shard an nn.Embedding (a meta-device one is initialised shard by shard, see ParallelLinear)."""
+        w = dense.weight
+        meta = w.device.type == "meta"
+        out = cls(dense.num_embeddings, dense.embedding_dim, mesh, scheme, axes=axes, dp=dp, sp=sp,
+                  padding_idx=dense.padding_idx, dtype=w.dtype, device=device or ("cpu" if meta else w.device),
+                  init_fn=init_fn, generator=generator)
+        if not meta:
+            with torch.no_grad():
+                out.weight.copy_(local_block(w.detach(), out.weight_dims, mesh.mesh, mesh.rank))
+        return out
+
+    def dense_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full table (collective), key as nn.Embedding's."""
+        return {"weight": gather_tensor(self.weight, self.weight_dims, self.mesh)}
+
+    # --- layouts ---------------------------------------------------------------------------------
+    @property
+    def token_axes(self) -> Axes:
+        return self.dp
+
+    def ids_layout(self, shape: Sequence[int]) -> Layout:
+        """Layout of the ids of global shape [*tokens]."""
+        return Layout(token_dims(shape, self.dp, (), self.mesh.mesh, "embedding ids"))
+
+    def output_layout(self, shape: Sequence[int]) -> Layout:
+        """Layout of the output of global shape [*tokens, H]."""
+        seq = self.axes if self.sp else ()
+        feat = self.axes if self.scheme == "hidden" else ()
+        return Layout(token_dims(shape[:-1], self.dp, seq, self.mesh.mesh, "embedding output") + (feat,))
+
+    # --- forward ---------------------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids: (*tokens_local) integer tensor -> (*tokens_local', H_local)."""
+        m, w = self.mesh, self.weight
+        if self.scheme == "fsdp":
+            dim = 0 if self.weight_dims[0] else 1
+            return F.embedding(ids, gather_param(w, dim, self.dp, m), self.padding_idx)
+        w = reduce_grad(w, self.dp, m)
+        if self.scheme in ("replicate", "hidden"):
+            return F.embedding(ids, w, self.padding_idx)
+        # vocab-parallel: look up the rows in [lo, hi), zeros elsewhere, then sum over T.
+        rows = w.shape[0]
+        lo = m.group_rank(self.axes) * rows
+        inside = (ids >= lo) & (ids < lo + rows)
+        local_ids = torch.where(inside, ids - lo, torch.zeros_like(ids))
+        pad = self.padding_idx - lo if self.padding_idx is not None and lo <= self.padding_idx < lo + rows else None
+        y = F.embedding(local_ids, w, pad).masked_fill(~inside[..., None], 0.0)   # (*tok, H), partial over T
+        if self.sp:
+            if ids.dim() < 1:
+                raise ShardingError("a sequence-parallel embedding needs ids with a sequence dim")
+            return reduce_scatter_output(y, ids.dim() - 1, self.axes, m)
+        return reduce_output(y, self.axes, m)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.embedding_dim}, scheme={self.scheme}, axes={self.axes}, "
+                f"dp={self.dp}, sp={self.sp}")

@@ -1,0 +1,189 @@
+"""LayerNorm (feature dim split or not), Embedding (replicate, fsdp, vocab, vocab+sp, hidden) and the
+vocab-parallel cross-entropy on 8 gloo ranks: equal to the dense ops (outputs and every gradient, fp32
+relative error <= 1e-5) and the collectives equal a hand derivation from docs/ARCHITECTURE.md."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from cost_models.mesh import Mesh
+from cost_models.strategy import Collective
+from tests.distributed import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+MESH = (2, 2, 2)
+FW, BW = "forward", "backward"
+
+# (tokens, H, features F, token axes, seq axes, affine, bias, offset)
+NORM_CASES = [
+    ((8, 2), 6, (), ("x", "y", "z"), (), True, True, 0.0),
+    ((4, 3), 8, ("z",), ("x", "y"), (), True, True, 3.0),
+    ((2, 3), 12, ("y", "z"), ("x",), (), True, False, 0.0),
+    ((2, 3), 6, ("x",), ("y",), (), True, True, 0.0),   # z holds replicas
+    ((2, 8), 6, (), ("x",), ("y", "z"), True, True, 0.0),  # sequence parallel layout
+    ((4, 2), 8, ("y",), ("z", "x"), (), False, False, 0.0),
+]
+# (scheme, axes, dp, sp, tokens, V, H, padding_idx)
+EMB_CASES = [
+    ("replicate", (), None, False, (8, 2), 16, 6, None),
+    ("fsdp", (), None, False, (8, 2), 16, 6, None),
+    ("fsdp", (), None, False, (8, 2), 12, 8, 3),          # V does not divide 8: H split
+    ("vocab", ("z",), None, False, (4, 3), 16, 6, 9),
+    ("vocab", ("x", "y", "z"), None, False, (2, 3), 16, 6, None),
+    ("vocab", ("y", "z"), None, True, (2, 8), 16, 6, None),
+    ("hidden", ("z",), None, False, (4, 3), 10, 6, None),
+    ("hidden", ("y", "x"), ("z",), False, (2, 3), 10, 8, None),
+]
+# (tokens, V, vocab axes, token axes)
+CE_CASES = [
+    ((4, 3), 16, ("z",), ("x", "y")),
+    ((2, 3), 16, ("x", "y", "z"), ()),
+    ((8, 2), 10, (), ("x", "y", "z")),
+    ((2, 4), 12, ("y", "x"), ("z",)),
+]
+
+
+def norm_expected(case: tuple) -> list[Collective]:
+    tokens, h, feat, tok, seq, affine, bias, _ = case
+    mesh = Mesh(MESH)
+    m_loc = math.prod(tokens) // mesh.size(tok + seq)
+    out = []
+    if feat:
+        out += [Collective("all_reduce", feat, m_loc * 2 * 4, ph, "stats") for ph in (FW, BW)]
+    if affine and tok + seq:
+        out.append(Collective("all_reduce", tok + seq, h // mesh.size(feat) * 4, BW, "grad_weight"))
+        if bias:
+            out.append(Collective("all_reduce", tok + seq, h // mesh.size(feat) * 4, BW, "grad_bias"))
+    return out
+
+
+def emb_expected(case: tuple) -> list[Collective]:
+    scheme, axes, dp, sp, tokens, v, h, _ = case
+    mesh = Mesh(MESH)
+    dp = tuple(a for a in mesh.axis_names if a not in axes) if dp is None else dp
+    m_loc = math.prod(tokens) // mesh.size(dp)
+    if scheme == "fsdp":
+        return [Collective("all_gather", dp, v * h * 4, FW, "weight"),
+                Collective("reduce_scatter", dp, v * h * 4, BW, "grad_weight")]
+    out = []
+    if scheme == "vocab":
+        out.append(Collective("reduce_scatter" if sp else "all_reduce", axes, m_loc * h * 4, FW, "output"))
+        if sp:
+            out.append(Collective("all_gather", axes, m_loc * h * 4, BW, "grad_output"))
+    w_loc = v * h // mesh.size(axes)
+    if dp:
+        out.append(Collective("all_reduce", dp, w_loc * 4, BW, "grad_weight"))
+    return out
+
+
+def ce_expected(case: tuple) -> list[Collective]:
+    tokens, v, vocab, tok = case
+    m_loc = math.prod(tokens) // Mesh(MESH).size(tok)
+    out = [Collective("all_reduce", vocab, m_loc * 4, FW, "stats")] * 3 if vocab else []
+    return out + ([Collective("all_reduce", tok, 4, FW, "stats")] if tok else [])
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-30))
+
+
+def _check(rank: int) -> dict:
+    from cost_models.layout import Layout
+    from layers3d import (
+        CommCounter,
+        DeviceMesh,
+        ParallelEmbedding,
+        ParallelLayerNorm,
+        all_reduce,
+        local_block,
+        shard_tensor,
+        vocab_parallel_cross_entropy,
+    )
+
+    dm = DeviceMesh(Mesh(MESH))
+    mesh = dm.mesh
+    gen = torch.Generator().manual_seed(7)
+    out: dict = {}
+    for i, case in enumerate(NORM_CASES):
+        tokens, h, feat, tok, seq, affine, bias, offset = case
+        dense = torch.nn.LayerNorm(h, elementwise_affine=affine, bias=bias)
+        with torch.no_grad():
+            for p in dense.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+        x = (torch.randn(*tokens, h, generator=gen) + offset).requires_grad_()
+        g = torch.randn(*tokens, h, generator=gen)
+        y = dense(x)
+        y.backward(g)
+        layer = ParallelLayerNorm.from_dense(dense, dm, features=feat, tokens=tok, seq=seq)
+        lay = layer.layout(x.shape)
+        xl = shard_tensor(x.detach(), lay, mesh, rank).requires_grad_()
+        with CommCounter() as cc:
+            yl = layer(xl)
+            yl.backward(shard_tensor(g, lay, mesh, rank))
+        assert _rel(yl, shard_tensor(y.detach(), lay, mesh, rank)) <= 1e-5, case
+        assert _rel(xl.grad, shard_tensor(x.grad, lay, mesh, rank)) <= 1e-5, case
+        for name, p in layer.named_parameters():
+            assert _rel(p.grad, local_block(getattr(dense, name).grad, (feat,), mesh, rank)) <= 1e-5, (case, name)
+        state = layer.dense_state_dict()
+        assert state.keys() == dense.state_dict().keys() and all(
+            torch.equal(state[k], v) for k, v in dense.state_dict().items())
+        out[("norm", i)] = cc.records
+
+    for i, case in enumerate(EMB_CASES):
+        scheme, axes, dp, sp, tokens, v, h, pad = case
+        dense = torch.nn.Embedding(v, h, padding_idx=pad)
+        with torch.no_grad():
+            dense.weight.copy_(torch.randn(v, h, generator=gen))
+        ids = torch.randint(0, v, tokens, generator=gen)
+        if pad is not None:
+            ids[0, 0] = pad
+        g = torch.randn(*tokens, h, generator=gen)
+        dense(ids).backward(g)
+        layer = ParallelEmbedding.from_dense(dense, dm, scheme, axes=axes, dp=dp, sp=sp)
+        ids_l = shard_tensor(ids, layer.ids_layout(ids.shape), mesh, rank)
+        y_lay = layer.output_layout(tuple(tokens) + (h,))
+        with CommCounter() as cc:
+            y = layer(ids_l)
+            y.backward(shard_tensor(g, y_lay, mesh, rank))
+        assert _rel(y, shard_tensor(dense(ids).detach(), y_lay, mesh, rank)) <= 1e-5, case
+        assert _rel(layer.weight.grad, local_block(dense.weight.grad, layer.weight_dims, mesh, rank)) <= 1e-5, case
+        assert torch.equal(layer.dense_state_dict()["weight"], dense.weight)
+        out[("emb", i)] = cc.records
+
+    for i, case in enumerate(CE_CASES):
+        tokens, v, vocab, tok = case
+        logits = torch.randn(*tokens, v, generator=gen).requires_grad_()
+        target = torch.randint(0, v, tokens, generator=gen)
+        target[0, :2] = -100
+        loss = F.cross_entropy(logits.reshape(-1, v), target.reshape(-1))
+        loss.backward()
+        ndim = len(tokens)
+        t_lay = Layout(tuple(Layout.shard(ndim, 0, tok).dims))
+        l_lay = Layout(t_lay.dims + (vocab,))
+        lg = shard_tensor(logits.detach(), l_lay, mesh, rank).requires_grad_()
+        with CommCounter() as cc:
+            local = vocab_parallel_cross_entropy(lg, shard_tensor(target, t_lay, mesh, rank), dm, vocab_axes=vocab,
+                                                 token_axes=tok)
+            local.backward()
+        total = all_reduce(local.detach(), tok, dm)  # the dense loss is the sum over the token axes
+        assert _rel(total, loss.detach()) <= 1e-5, (case, float(total), float(loss))
+        assert _rel(lg.grad, shard_tensor(logits.grad, l_lay, mesh, rank)) <= 1e-5, case
+        out[("ce", i)] = cc.records
+    return out
+
+
+def test_norm_embedding_cross_entropy_match_dense_and_the_table() -> None:
+    results = run_ranks(_check, 8, 90)
+    for rank, res in enumerate(results):
+        for i, case in enumerate(NORM_CASES):
+            assert Counter(res[("norm", i)]) == Counter(norm_expected(case)), (case, rank, res[("norm", i)])
+        for i, case in enumerate(EMB_CASES):
+            assert Counter(res[("emb", i)]) == Counter(emb_expected(case)), (case, rank, res[("emb", i)])
+        for i, case in enumerate(CE_CASES):
+            assert Counter(res[("ce", i)]) == Counter(ce_expected(case)), (case, rank, res[("ce", i)])
