@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from cost_models.ops import DTYPE_BYTES
 from cost_models.strategy import OpCost, SavedTensor
 
-__all__ = ["BYTES_PER_PARAM", "MemoryModelError", "DEVICE_KINDS", "dropout_mask_itemsize", "model_state_bytes",
+__all__ = ["BYTES_PER_PARAM", "MemoryModelError", "DEVICE_KINDS", "dropout_mask_itemsize", "norm_stats_itemsize", "model_state_bytes",
            "unique_saved_bytes", "peak_bytes", "resolve_bytes_per_param"]
 
 # Bytes of model state per parameter element:
@@ -48,6 +48,16 @@ def dropout_mask_itemsize(dtype: str, device: str) -> int:
     path multiplies by a noise tensor of the input's dtype and saves that (measured with torch 2.13)."""
     if device == "cuda":
         return 1
+    if device == "cpu":
+        return DTYPE_BYTES[dtype]
+    raise MemoryModelError(f"device kind must be one of {DEVICE_KINDS}, got {device!r}")
+
+
+def norm_stats_itemsize(dtype: str, device: str) -> int:
+    """Bytes per element of the mean and rstd layer norm saves: CUDA keeps them in fp32 (the accumulate
+    type) for 16-bit inputs; the CPU kernel keeps them in the input's dtype (measured with torch 2.13)."""
+    if device == "cuda":
+        return max(4, DTYPE_BYTES[dtype])
     if device == "cpu":
         return DTYPE_BYTES[dtype]
     raise MemoryModelError(f"device kind must be one of {DEVICE_KINDS}, got {device!r}")

@@ -70,7 +70,7 @@ def follow_unary_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: st
         u = _usage(op, mesh, lay, x, FLOPS_PER_ELEM.get(op.kind, 1))
         if op.kind == "dropout":
             p = float(op.attrs.get("p", 0.5))
-            if p > 0 and op.attrs.get("train", True):
+            if p > 0 and op.attrs.get("training", op.attrs.get("train", True)):
                 u.save(f"{op.name}:mask:{lay}", lay.local_numel(x.shape, mesh) * dropout_mask_itemsize(x.dtype, device))
             else:
                 u.notes.append("dropout with p=0 or in eval mode is the identity: nothing saved")
@@ -92,7 +92,8 @@ def elementwise_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str
     """Element-wise ops with any number of tensor inputs (broadcasting allowed). Output candidates are the
     union of the inputs' candidates lifted to the output shape; every input is asked for in that layout
     (restricted to its own dims). A broadcast input's gradient is all-reduced over the axes splitting
-    the dims it was broadcast over. Saves the inputs listed in attrs["saves"]."""
+    the dims it was broadcast over. Saves the inputs listed in attrs["saves"], and its output when
+    attrs["saves_output"]."""
     out_shape = op.out.shape
     pool: list[Layout] = []
     for i, meta in enumerate(op.input_meta):
@@ -115,6 +116,8 @@ def elementwise_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str
         moved = sum(local_bytes(m, lay, mesh) for lay, m in zip(ins, op.input_meta)) + local_bytes(op.out, out, mesh)
         u.fwd_bytes, u.bwd_bytes = moved, 2 * moved
         u.fwd_flops = u.bwd_flops = out.local_numel(out_shape, mesh)
+        if op.attrs.get("saves_output"):  # exp, sqrt, rsqrt...: the backward reads the result
+            u.save(tensor_key(op.name, out), local_bytes(op.out, out, mesh))
         for i, (lay, m) in enumerate(zip(ins, op.input_meta)):
             if i in saves:
                 u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
@@ -167,23 +170,54 @@ def split_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> I
         yield Strategy("follow", (lay,), (out,) * parts), Usage(mesh, dtype=x.dtype)
 
 
+def _index_map(index: object, in_nd: int) -> list[int | None] | None:
+    """For a tensor index (a tuple of slices {"slice": ...}, ints and None), the input dim behind each
+    output dim (None: a new size-1 dim); None when the index is not of that form (ellipsis, tensors)."""
+    entries = index if isinstance(index, tuple) else (index,)
+    out: list[int | None] = []
+    d = 0
+    for e in entries:
+        if e is None:
+            out.append(None)
+        elif isinstance(e, dict) and "slice" in e:
+            out.append(d)
+            d += 1
+        elif isinstance(e, int) and not isinstance(e, bool):
+            d += 1
+        else:
+            return None
+    if d > in_nd:
+        return None
+    return out + list(range(d, in_nd))
+
+
 @register("getitem")
 def getitem_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
-    """Item of a multi-output op (the candidates are those of the selected output): identity. Indexing a
-    tensor: dims whose size is kept keep their split; dims that change must be unsplit; a change of rank
-    runs replicated."""
+    """Item `index` (an int) of a multi-output op, whose candidates are those of that output: identity.
+    Indexing a tensor with slices / ints / None: kept dims keep their split, a dim that is sliced to
+    another size or selected away must be unsplit; other indexing runs replicated."""
     out = op.out
     x = op.input_meta[0] if op.input_meta else out
+    index = op.attrs.get("index")
+    tuple_item = isinstance(index, int) and not isinstance(index, bool) and x.shape == out.shape
+    mapping = None if tuple_item else _index_map(index, len(x.shape))
     for lay in input_candidates_for(op, 0, candidates, mesh):
-        if lay.ndim != len(x.shape) or len(x.shape) != len(out.shape):
+        if tuple_item:
+            yield Strategy("follow", (lay,), (lay,)), Usage(mesh, dtype=out.dtype)
+            continue
+        if mapping is None or len(mapping) != len(out.shape) or lay.partial:
             rep_in, rep_out = Layout.replicated(len(x.shape)), Layout.replicated(len(out.shape))
             yield Strategy("follow", (rep_in,), (rep_out,)), Usage(mesh, dtype=out.dtype)
             continue
-        changed = [d for d in range(len(x.shape)) if x.shape[d] != out.shape[d]]
-        if any(lay.dims[d] for d in changed):
-            yield f"indexing dims {changed} split in {lay}"
+        kept = {d: od for od, d in enumerate(mapping) if d is not None}
+        bad = [d for d in range(len(x.shape)) if lay.dims[d] and (d not in kept or x.shape[d] != out.shape[kept[d]])]
+        if bad:
+            yield f"indexing changes dims {bad} split in {lay}"
             continue
-        yield Strategy("follow", (lay,), (lay,)), Usage(mesh, dtype=out.dtype)
+        dims = tuple(lay.dims[d] if d is not None else () for d in mapping)
+        last_kept = bool(mapping) and mapping[-1] == len(x.shape) - 1 and bool(dims[-1])
+        yield Strategy("follow", (lay,), (Layout(dims, interleave=lay.interleave if last_kept else 1),)), \
+            Usage(mesh, dtype=out.dtype)
 
 
 @register("reduction")

@@ -111,17 +111,15 @@ def _plans(op: OpNode, mesh: Mesh) -> Iterator[tuple[str, dict, LinearPlan] | st
     x_all, y_all = tok(x, every), tok(y, every)
     if x_all and y_all:
         yield "replicate", {"dp": every}, LinearPlan(x_all, x_all, ((), ()), ((), ()), y_all)
-        # fsdp: W's stored dim 0 split over every axis, else dim 1.
-        stored = op.params[_weight(op)[0]].shape
-        transposed = bool(op.attrs.get("weight_transposed"))
-        for dim in (0, 1):
-            if stored[dim] % mesh.world_size == 0:
-                w_store = ((every, ()) if (dim == 0) != transposed else ((), every))
+        # fsdp: W's N dim split over every axis, else its K dim (as layers3d shards it).
+        for dim, size in enumerate((N, K)):
+            if size % mesh.world_size == 0:
+                w_store = (every, ()) if dim == 0 else ((), every)
                 yield "fsdp", {"dp": every, "shard_dim": dim}, LinearPlan(
                     x_all, x_all, w_store, ((), ()), y_all, regather_weight=True)
                 break
         else:
-            yield f"fsdp: weight {tuple(stored)} divisible by {mesh.world_size} on neither dim"
+            yield f"fsdp: weight {N}x{K} divisible by {mesh.world_size} on neither dim"
     else:
         yield no_tokens("replicate/fsdp", every)
     rep_x, rep_y = Layout.replicated(len(x.shape)), Layout.replicated(len(y.shape))
@@ -174,8 +172,9 @@ def _plans(op: OpNode, mesh: Mesh) -> Iterator[tuple[str, dict, LinearPlan] | st
         if not (x_in and x_eff and y_out):
             yield no_tokens(label, dp + (r,))
             continue
-        yield "2d", {"roles": (r, c), "dp": dp}, LinearPlan(x_in, x_eff, ((c,), (r,)), ((c,), ()), y_out,
-                                                            interleave=seg)
+        for save in ("gathered", "shard"):
+            yield "2d", {"roles": (r, c), "dp": dp, "save_input": save}, LinearPlan(
+                x_in, x_eff, ((c,), (r,)), ((c,), ()), y_out, "eff" if save == "gathered" else "in", interleave=seg)
 
     for w, i, o in cube_permutations(mesh):
         roles = (w, i, o)

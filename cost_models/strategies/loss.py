@@ -5,7 +5,8 @@ without gathering the logits (Megatron's vocab-parallel cross-entropy): three al
 fp32 per local token (the max, the target logit, the sum of exponentials; tag stats). Otherwise it is
 local. The targets must be split like the logits' token dims. With reduction "mean"/"sum" over tokens
 split over some axes, the scalar loss is all-reduced over them in forward (tag output) so every rank holds
-the complete loss. Saves its log-softmax output (the logits' size and dtype) and the targets.
+the complete loss. Saves its log-softmax output (the logits' size and dtype) and the targets; an
+`nll_loss` (attrs["fn"]) reads log-probabilities, saves its input and needs only the target all-reduce.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def cross_entropy_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: s
             continue
         tokens = t_lay.local_numel(targets.shape, mesh)
         u = Usage(mesh, dtype=logits.dtype)
-        for _ in VOCAB_STATS:
+        nll = op.attrs.get("fn") == "nll_loss"  # input already log-probabilities: only the target is summed
+        for _ in VOCAB_STATS[1:2] if nll else VOCAB_STATS:
             u.collective("all_reduce", vocab_axes, _STAT_BYTES * tokens, "forward", "stats")
         if len(out.shape) == 0:
             o_lay = Layout(())
@@ -48,7 +50,10 @@ def cross_entropy_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: s
         else:
             o_lay = t_lay
         logit_bytes = local_bytes(logits, lay, mesh)
-        u.save(f"{op.name}:log_softmax:{lay}", logit_bytes)
+        if nll:  # nll_loss saves its input, the log_softmax output that op saves too
+            u.save(tensor_key(op.inputs[0], lay), logit_bytes)
+        else:
+            u.save(f"{op.name}:log_softmax:{lay}", logit_bytes)
         u.save(tensor_key(op.inputs[1], t_lay), local_bytes(targets, t_lay, mesh))
         u.temp(logit_bytes)
         u.fwd_flops = FLOPS_PER_ELEM["cross_entropy"] * lay.local_numel(logits.shape, mesh)

@@ -5,7 +5,7 @@ If the normalised (feature) dims are split over axes F, the forward all-reduces 
 beta are split like the feature dims and their gradients all-reduced over the axes that split the tokens.
 Token splits include sequence-split layouts, so Megatron's TP+SP (layer norm between a row-parallel
 reduce-scatter and a column-parallel all-gather) is reachable. Saves its input plus fp32 mean and rstd
-per token.
+per token (fp32 on CUDA, the input's dtype on CPU).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from cost_models.compute import FLOPS_PER_ELEM
 from cost_models.layout import Layout
+from cost_models.memory import norm_stats_itemsize
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, TensorMeta
 from cost_models.strategies import register
@@ -28,10 +29,10 @@ from cost_models.strategies.base import (
 )
 from cost_models.strategy import Strategy
 
-__all__ = ["layer_norm_rule", "STATS_BYTES_PER_TOKEN"]
+__all__ = ["layer_norm_rule"]
 
-# mean and rstd, one fp32 each per token (torch.native_layer_norm saves both for backward).
-STATS_BYTES_PER_TOKEN = 8
+# (sum x, sum x^2) forward and two per-token sums backward, all-reduced in fp32 when features are split.
+_REDUCED_BYTES_PER_TOKEN = 8
 
 
 def _normalized_ndim(op: OpNode) -> int:
@@ -55,9 +56,9 @@ def layer_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str)
         for d in range(nd - n_norm):
             tokens *= x.shape[d] // mesh.size(lay.dims[d])
         u = Usage(mesh, dtype=x.dtype)
-        stats = STATS_BYTES_PER_TOKEN * tokens
-        u.collective("all_reduce", feat_axes, stats, "forward", "stats")
-        u.collective("all_reduce", feat_axes, stats, "backward", "stats")
+        sums = _REDUCED_BYTES_PER_TOKEN * tokens
+        u.collective("all_reduce", feat_axes, sums, "forward", "stats")
+        u.collective("all_reduce", feat_axes, sums, "backward", "stats")
         params = []
         p_layout = Layout(lay.dims[nd - n_norm:], interleave=lay.interleave if lay.dims[-1] else 1)
         for j, p in enumerate(op.params):
@@ -68,7 +69,7 @@ def layer_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str)
             u.collective("all_reduce", tok_axes, local_bytes(meta, p_layout, mesh), "backward", tag)
         x_bytes = local_bytes(x, lay, mesh)
         u.save(tensor_key(op.inputs[0], lay), x_bytes)
-        u.save(f"{op.name}:stats:{lay}", stats)
+        u.save(f"{op.name}:stats:{lay}", 2 * norm_stats_itemsize(x.dtype, device) * tokens)  # mean, rstd
         u.fwd_flops = FLOPS_PER_ELEM["layer_norm"] * lay.local_numel(x.shape, mesh)
         u.bwd_flops = 2 * u.fwd_flops
         u.fwd_bytes, u.bwd_bytes = 2 * x_bytes, 4 * x_bytes
