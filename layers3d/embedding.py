@@ -8,9 +8,10 @@
 | vocab sp  | V/T                   | tok/(dp) -> tok/(dp), seq/T, H   | RS y over T onto seq (output)| AG dY over T, AR dW |
 | hidden (T)| H/T                   | tok/(dp) -> tok/(dp), H/T        | -                            | AR dW over dp       |
 
-A vocab-parallel rank looks up the ids in its range [lo, hi) and writes zeros for the others; the
-all-reduce (or reduce-scatter) over T completes the rows. dp defaults to the mesh axes the scheme does
-not use (every axis for replicate / fsdp).
+"1d_col" is accepted as another name for "hidden" (the cost model's). A vocab-parallel rank looks up
+the ids in its range [lo, hi) and writes zeros for the others; the all-reduce (or reduce-scatter) over
+T completes the rows. dp defaults to the mesh axes the scheme does not use (every axis for replicate /
+fsdp).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from layers3d.shard import ParamInit, check_divisible, gather_tensor, init_shard
 __all__ = ["EMBEDDING_SCHEMES", "ParallelEmbedding"]
 
 Axes = tuple[str, ...]
-EMBEDDING_SCHEMES = ("replicate", "fsdp", "vocab", "hidden")
+EMBEDDING_SCHEMES = ("replicate", "fsdp", "vocab", "hidden", "1d_col")  # "1d_col": the cost model's name for hidden
 
 
 class ParallelEmbedding(nn.Module):
@@ -50,6 +51,7 @@ class ParallelEmbedding(nn.Module):
         super().__init__()
         if scheme not in EMBEDDING_SCHEMES:
             raise ShardingError(f"unknown embedding scheme {scheme!r}; choose one of {EMBEDDING_SCHEMES}")
+        scheme = "hidden" if scheme == "1d_col" else scheme
         axes = tuple(axes)
         if (scheme in ("vocab", "hidden")) != bool(axes):
             need = "one or more" if scheme in ("vocab", "hidden") else "no"

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 import torch
 from torch.nn import functional as F
 
+from cost_models.layout import Layout
 from cost_models.mesh import Mesh
-from cost_models.strategy import Collective
+from cost_models.ops import OpNode
+from cost_models.strategy import Collective, Strategy
 from tests.distributed import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -38,7 +41,7 @@ EMB_CASES = [
     ("vocab", ("x", "y", "z"), None, False, (2, 3), 16, 6, None),
     ("vocab", ("y", "z"), None, True, (2, 8), 16, 6, None),
     ("hidden", ("z",), None, False, (4, 3), 10, 6, None),
-    ("hidden", ("y", "x"), ("z",), False, (2, 3), 10, 8, None),
+    ("1d_col", ("y", "x"), ("z",), False, (2, 3), 10, 8, None),   # the cost model's name for hidden
 ]
 # (tokens, V, vocab axes, token axes)
 CE_CASES = [
@@ -86,7 +89,7 @@ def ce_expected(case: tuple) -> list[Collective]:
     tokens, v, vocab, tok = case
     m_loc = math.prod(tokens) // Mesh(MESH).size(tok)
     out = [Collective("all_reduce", vocab, m_loc * 4, FW, "stats")] * 3 if vocab else []
-    return out + ([Collective("all_reduce", tok, 4, FW, "stats")] if tok else [])
+    return out + ([Collective("all_reduce", tok, 2 * 4, FW, "output")] if tok else [])  # loss sum and count
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -94,13 +97,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _check(rank: int) -> dict:
-    from cost_models.layout import Layout
     from layers3d import (
         CommCounter,
         DeviceMesh,
         ParallelEmbedding,
         ParallelLayerNorm,
-        all_reduce,
         local_block,
         shard_tensor,
         vocab_parallel_cross_entropy,
@@ -168,22 +169,101 @@ def _check(rank: int) -> dict:
         l_lay = Layout(t_lay.dims + (vocab,))
         lg = shard_tensor(logits.detach(), l_lay, mesh, rank).requires_grad_()
         with CommCounter() as cc:
-            local = vocab_parallel_cross_entropy(lg, shard_tensor(target, t_lay, mesh, rank), dm, vocab_axes=vocab,
+            total = vocab_parallel_cross_entropy(lg, shard_tensor(target, t_lay, mesh, rank), dm, vocab_axes=vocab,
                                                  token_axes=tok)
-            local.backward()
-        total = all_reduce(local.detach(), tok, dm)  # the dense loss is the sum over the token axes
-        assert _rel(total, loss.detach()) <= 1e-5, (case, float(total), float(loss))
+            total.backward()
+        assert _rel(total, loss.detach()) <= 1e-5, (case, float(total), float(loss))  # the whole loss, every rank
         assert _rel(lg.grad, shard_tensor(logits.grad, l_lay, mesh, rank)) <= 1e-5, case
         out[("ce", i)] = cc.records
     return out
 
 
-def test_norm_embedding_cross_entropy_match_dense_and_the_table() -> None:
-    results = run_ranks(_check, 8, 90)
-    for rank, res in enumerate(results):
+@pytest.fixture(scope="module")
+def measured() -> list[dict]:
+    """One 8-rank run checks every case against dense (asserted inside the ranks) and returns the records."""
+    return run_ranks(_check, 8, 90)
+
+
+def test_norm_embedding_cross_entropy_match_dense_and_the_table(measured: list[dict]) -> None:
+    for rank, res in enumerate(measured):
         for i, case in enumerate(NORM_CASES):
             assert Counter(res[("norm", i)]) == Counter(norm_expected(case)), (case, rank, res[("norm", i)])
         for i, case in enumerate(EMB_CASES):
             assert Counter(res[("emb", i)]) == Counter(emb_expected(case)), (case, rank, res[("emb", i)])
         for i, case in enumerate(CE_CASES):
             assert Counter(res[("ce", i)]) == Counter(ce_expected(case)), (case, rank, res[("ce", i)])
+
+
+def _norm_layout(case: tuple) -> Layout:
+    from layers3d.linear_plan import token_dims
+
+    tokens, h, feat, tok, seq = case[:5]
+    return Layout(token_dims(tokens, tok, seq, Mesh(MESH), "test") + (feat,))
+
+
+def _predict(op: OpNode, candidates: list | None, pick: Callable[[Strategy], bool]) -> list[Collective] | None:
+    from cost_models.hardware import load_profile
+    from cost_models.strategies import enumerate_strategies, op_cost
+
+    found = [s for s in enumerate_strategies(op, Mesh(MESH), candidates)[0] if pick(s)]
+    if not found:
+        return None
+    assert len(found) == 1, found
+    return list(op_cost(op, found[0], Mesh(MESH), load_profile("cpu-gloo"), device="cpu").collectives)
+
+
+def test_norm_and_embedding_equal_the_cost_model(measured: list[dict]) -> None:
+    from cost_models.ops import ParamInfo, TensorMeta
+
+    for i, case in enumerate(NORM_CASES):
+        tokens, h, feat, tok, seq, affine, bias = case[:7]
+        params = [ParamInfo(f"ln.{n}", (h,), "float32", n) for n in ("weight", "bias")[: affine + (affine and bias)]]
+        x = TensorMeta(tokens + (h,), "float32")
+        op = OpNode("ln", "layer_norm", "nn.LayerNorm", ["x"], [x], [x], params, attrs={"normalized_shape": (h,)})
+        lay = _norm_layout(case)
+        predicted = _predict(op, [[lay]], lambda s, lay=lay: s.inputs[0] == lay)
+        for rank, res in enumerate(measured):
+            assert Counter(res[("norm", i)]) == Counter(predicted), (case, rank, res[("norm", i)], predicted)
+    compared = 0
+    for i, case in enumerate(EMB_CASES):
+        scheme, axes, dp, sp, tokens, v, h, _ = case
+        mesh = Mesh(MESH)
+        dp = tuple(a for a in mesh.axis_names if a not in axes) if dp is None else dp
+        op = OpNode("emb", "embedding", "nn.Embedding", ["ids"], [TensorMeta(tokens, "int64")],
+                    [TensorMeta(tokens + (h,), "float32")], [ParamInfo("emb.weight", (v, h), "float32", "weight")])
+        name = "1d_col" if scheme == "hidden" else scheme
+        predicted = _predict(op, None, lambda s, name=name, dp=dp, axes=axes, sp=sp: (
+            s.scheme == name and s.option("dp") == dp and s.option("T", ()) == axes and s.option("sp", False) == sp))
+        if predicted is None:
+            assert axes != tuple(a for a in mesh.axis_names if a in axes), case  # only non-mesh-order T is missing
+            continue
+        compared += 1
+        for rank, res in enumerate(measured):
+            assert Counter(res[("emb", i)]) == Counter(predicted), (case, rank, res[("emb", i)], predicted)
+    assert compared == len(EMB_CASES) - 1
+
+
+def _ce_predicted(case: tuple) -> list[Collective]:
+    from cost_models.ops import TensorMeta
+
+    tokens, v, vocab, tok = case
+    t_lay = Layout(Layout.shard(len(tokens), 0, tok).dims)
+    op = OpNode("ce", "cross_entropy", "F.cross_entropy", ["logits", "t"],
+                [TensorMeta(tokens + (v,), "float32"), TensorMeta(tokens, "int64")], [TensorMeta((), "float32")])
+    return _predict(op, [[Layout(t_lay.dims + (vocab,))], [t_lay]], lambda s: True)
+
+
+def test_cross_entropy_statistics_equal_the_cost_model(measured: list[dict]) -> None:
+    for i, case in enumerate(CE_CASES):
+        predicted = [c for c in _ce_predicted(case) if c.tag == "stats"]
+        for res in measured:
+            assert Counter(c for c in res[("ce", i)] if c.tag == "stats") == Counter(predicted), case
+
+
+@pytest.mark.xfail(strict=True, reason="cost_models prices the mean-loss all-reduce at one fp32 (the loss); the "
+                   "runtime all-reduces (loss sum, token count) = 8 bytes so that ignore_index tokens are left out of "
+                   "the mean exactly as F.cross_entropy does")
+def test_cross_entropy_loss_all_reduce_equals_the_cost_model(measured: list[dict]) -> None:
+    for i, case in enumerate(CE_CASES):
+        for res in measured:
+            assert Counter(res[("ce", i)]) == Counter(_ce_predicted(case)), case

@@ -44,7 +44,8 @@ def cases() -> list[Case]:
         Case((2, 2, 2), "replicate", tokens=(8, 3), k=6, n=10),
         Case((2, 2, 2), "replicate", tokens=(2, 12), k=6, n=10, bias=False, pass_tokens=True),
         Case((2, 2, 2), "fsdp", tokens=(8, 2), k=6, n=16),
-        Case((2, 2, 2), "fsdp", tokens=(8, 2), k=16, n=10, transposed=True),  # N does not divide: K split
+        Case((2, 2, 2), "fsdp", tokens=(8, 2), k=6, n=16, transposed=True),   # stored [K, N]: dim 0 (K) does not divide
+        Case((2, 2, 2), "fsdp", tokens=(8, 2), k=16, n=10, transposed=True),  # stored dim 0 (K) splits
         Case((2, 2, 2), "1d_col", xyz, tokens=(3, 2), k=6, n=16),
         Case((2, 2, 2), "1d_col", ("z",), tokens=(4, 3), k=5, n=6, interleave=3),
         Case((2, 2, 2), "1d_col", ("y", "z"), tokens=(2, 3), k=7, n=24, interleave=3, transposed=True),
@@ -211,12 +212,72 @@ def _check_all(rank: int) -> dict:
     return records
 
 
-def test_every_scheme_matches_dense_and_the_table() -> None:
-    results = run_ranks(_check_all, 8, 150)
-    all_cases = cases()
-    for i, c in enumerate(all_cases):
+@pytest.fixture(scope="module")
+def measured() -> list[dict]:
+    """One 8-rank run checks every case against dense (asserted inside the ranks) and returns the records."""
+    return run_ranks(_check_all, 8, 150)
+
+
+def _with_recompute(cols: list[Collective]) -> list[Collective]:
+    return cols + [Collective(x.kind, x.axes, x.bytes, "recompute", x.tag) for x in cols if x.phase == "forward"]
+
+
+def test_every_scheme_matches_dense_and_the_table(measured: list[dict]) -> None:
+    for i, c in enumerate(cases()):
         want = expected_collectives(c)
-        recompute = [Collective(x.kind, x.axes, x.bytes, "recompute", x.tag) for x in want if x.phase == "forward"]
-        for rank, res in enumerate(results):
+        for rank, res in enumerate(measured):
             assert Counter(res[(i, False)]) == Counter(want), (c, rank, res[(i, False)], want)
-            assert Counter(res[(i, True)]) == Counter(want + recompute), (c, rank)
+            assert Counter(res[(i, True)]) == Counter(_with_recompute(want)), (c, rank)
+
+
+def _linear_op(c: Case):  # -> (OpNode, Strategy | None)
+    from cost_models.ops import OpNode, ParamInfo, TensorMeta
+    from cost_models.strategies import enumerate_strategies
+
+    w_shape = (c.k, c.n) if c.transposed else (c.n, c.k)
+    params = [ParamInfo("l.weight", w_shape, "float32", "weight")]
+    if c.bias:
+        params.append(ParamInfo("l.bias", (c.n,), "float32", "bias"))
+    op = OpNode("l", "linear", "nn.Linear", ["x"], [TensorMeta(c.tokens + (c.k,), "float32")],
+                [TensorMeta(c.tokens + (c.n,), "float32")], params,
+                attrs={"weight_transposed": c.transposed, "out_segments": c.interleave})
+    mesh = Mesh(c.mesh)
+    dp = tuple(a for a in mesh.axis_names if a not in c.roles) if c.dp is None else c.dp
+    key = {"1d_col": "T", "1d_row": "T"}.get(c.scheme, "roles")
+    for s in enumerate_strategies(op, mesh)[0]:
+        if s.scheme != c.scheme or s.option("dp") != dp or (c.roles and s.option(key) != c.roles):
+            continue
+        if s.option("sp", False) != c.sp or s.option("weight_shard", False) != c.weight_shard:
+            continue
+        if s.option("save_input", "gathered") != c.save_input:
+            continue
+        return op, s
+    return op, None
+
+
+def test_layouts_and_collectives_equal_the_cost_model(measured: list[dict]) -> None:
+    """cost_models.strategies prices the same collectives (kind, axes, bytes, phase, tag) and the same
+    input / output / parameter layouts as the runtime measures and uses."""
+    from cost_models.hardware import load_profile
+    from cost_models.layout import Layout
+    from cost_models.strategies import op_cost
+    from layers3d.linear_plan import LinearGeometry, LinearScheme
+
+    hw = load_profile("cpu-gloo")
+    for i, c in enumerate(cases()):
+        op, strategy = _linear_op(c)
+        assert strategy is not None, f"the cost model offers no strategy for {c}"
+        mesh = Mesh(c.mesh)
+        geo = LinearGeometry(LinearScheme(c.scheme, c.roles, c.dp, c.sp, c.save_input, c.weight_shard), mesh,
+                             c.k, c.n, c.interleave, c.transposed)
+        assert strategy.inputs[0] == geo.x_layout(c.tokens + (c.k,)), (c, strategy)
+        assert strategy.outputs[0] == geo.y_layout(c.tokens + (c.n,)), (c, strategy)
+        params = dict(strategy.params)
+        w_dims = geo.w_dims[::-1] if c.transposed else geo.w_dims
+        assert params["weight"].dims == w_dims, (c, strategy)
+        if c.bias:
+            assert params["bias"] == Layout((geo.y_feat,), interleave=c.interleave if geo.y_feat else 1), c
+        predicted = list(op_cost(op, strategy, mesh, hw, device="cpu").collectives)
+        for rank, res in enumerate(measured):
+            assert Counter(res[(i, False)]) == Counter(predicted), (c, rank, res[(i, False)], predicted)
+            assert Counter(res[(i, True)]) == Counter(_with_recompute(predicted)), (c, rank)
