@@ -90,12 +90,12 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], na
             return _assemble(model, name, ops, "export", gm, program)
         except PathFailure as e:
             failures.append(e)
-    lines = "\n".join(f"  {f.path}: at {f.where}: {f.reason}" for f in failures)
+    lines = "\n".join(f"  {f.path}: {f.reason}\n      at {f.where}" for f in failures)
     raise CaptureError(
         f"could not capture {name} ({' and '.join(f.path for f in failures)} failed):\n{lines}\n"
-        f"How to fix: remove data-dependent Python control flow and .item()/.tolist() calls on tensors from "
-        f"forward (use torch.where or compute the branch outside the model), or make the failing op "
-        f"traceable; method='fx' or 'export' tries one path only.")
+        f"How to fix: forward must run with shapes known in advance: remove Python control flow on tensor "
+        f"values and .item()/.tolist()/nonzero()/boolean-mask indexing (use torch.where, or compute the "
+        f"branch outside the model); method='fx' or method='export' tries one path only.")
 
 
 def _assemble(model: nn.Module, name: str, ops: OpBuilder, method: str, gm: Any, program: Any) -> ModelGraph:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,7 @@ from planner.capture_ops import Act, Call, Param, classify
 from planner.graph import BlockInfo
 
 __all__ = ["OpBuilder", "PathFailure", "tensor_meta", "dtype_name", "canonical_names", "find_blocks",
-           "assign_blocks", "where", "first_line"]
+           "assign_blocks", "where", "where_in_stack", "first_line", "describe_node", "SymbolicShapeError"]
 
 # Ops that, applied to a parameter alone, give a view or cast of it rather than an activation.
 _PARAM_VIEW_OPS = {"t", "transpose", "permute", "T", "mT", "to", "_to_copy", "contiguous", "float", "half",
@@ -46,8 +47,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+class SymbolicShapeError(ValueError):
+    """A traced tensor whose shape depends on tensor values (torch.nonzero, boolean masks...)."""
+
+
 def tensor_meta(t: torch.Tensor) -> TensorMeta:
-    return TensorMeta(tuple(int(s) for s in t.shape), dtype_name(t.dtype))
+    if not all(isinstance(s, int) for s in t.shape):
+        raise SymbolicShapeError(f"output shape {tuple(t.shape)} depends on tensor values; the planner needs "
+                                 f"static shapes")
+    return TensorMeta(tuple(t.shape), dtype_name(t.dtype))
 
 
 def canonical_names(model: nn.Module) -> dict[int, str]:
@@ -238,16 +246,40 @@ _STDLIB_DIR = os.path.dirname(os.__file__)
 _HERE = os.path.dirname(__file__)
 
 
+def _is_model_code(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return not (path.startswith((_TORCH_DIR, _STDLIB_DIR, _HERE)) or filename.startswith("<"))
+
+
 def where(exc: BaseException) -> str:
     """The innermost source line of the failing call that is model code (not torch, the standard
     library or this package), as "file:line in function: code"; "" when there is none."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    for f in reversed(frames):
-        path = os.path.abspath(f.filename)
-        if path.startswith((_TORCH_DIR, _STDLIB_DIR, _HERE)) or f.filename.startswith("<"):
-            continue
-        return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
+    for f in reversed(traceback.extract_tb(exc.__traceback__)):
+        if _is_model_code(f.filename):
+            return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
     return ""
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n\s*(?P<code>[^\n]*)')
+
+
+def where_in_stack(stack_trace: str | None) -> str:
+    """The innermost model-code line of a node's recorded stack trace (FX's `node.stack_trace`)."""
+    frames = [m for m in _FRAME.finditer(stack_trace or "") if _is_model_code(m["file"])]
+    if not frames:
+        return ""
+    m = frames[-1]
+    return f"{m['file']}:{m['line']} in {m['func']}: {m['code'].strip()}"
+
+
+def describe_node(node: fx.Node) -> str:
+    """A short name for an FX node in messages: "op nonzero (torch.nonzero)"."""
+    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    module = getattr(node.target, "__module__", "") or ""
+    prefix = "torch." if module.startswith("torch") and not isinstance(node.target, str) else ""
+    if isinstance(node.target, torch._ops.OpOverload):
+        prefix, target = "", str(node.target)
+    return f"op {node.name} ({prefix}{target})"
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

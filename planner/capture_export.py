@@ -11,22 +11,33 @@ node's `nn_module_stack` says which module it ran in.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import operator
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from planner.capture_common import OpBuilder, PathFailure, canonical_names, first_line, where
+from planner.capture_common import (
+    OpBuilder,
+    PathFailure,
+    SymbolicShapeError,
+    canonical_names,
+    describe_node,
+    first_line,
+    where,
+    where_in_stack,
+)
 from planner.capture_fx import aten_op_name
 
 __all__ = ["capture_export"]
 
-# Loggers that print whole graphs and guard diagnostics when export fails; capture reports failures itself.
+# Loggers that print guard diagnostics when export fails (and export prints the partial graph to stderr);
+# capture reports failures itself, in one message.
 _NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._export", "torch.export",
                   "torch._dynamo", "torch._functorch", "torch.fx.experimental.proxy_tensor")
 
@@ -38,7 +49,7 @@ def _quiet() -> Iterator[None]:
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:
@@ -71,32 +82,41 @@ def capture_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 
     b = OpBuilder()
     for node in gm.graph.nodes:
-        value = node.meta.get("val")
-        if node.op == "placeholder":
-            target = node.name
-            if target in sig.inputs_to_parameters:
-                b.add_param(node, canonical(sig.inputs_to_parameters[target]), value)
-            elif target in sig.inputs_to_buffers:
-                buf = canonical(sig.inputs_to_buffers[target])
-                b.add_leaf(node, "other", "buffer", value, buf.rsplit(".", 1)[0] if "." in buf else "",
-                           {"buffer": buf})
-            elif target in sig.inputs_to_lifted_tensor_constants:
-                b.add_leaf(node, "other", "constant", value, "",
-                           {"constant": sig.inputs_to_lifted_tensor_constants[target]})
-            elif isinstance(value, torch.Tensor):
-                b.add_leaf(node, "input", target, value)
-            else:
-                b.add_value(node, value)
-        elif node.op == "call_function":
-            if isinstance(node.target, torch._ops.OpOverload):
-                op, text = aten_op_name(node.target)
-            elif node.target is operator.getitem:
-                op, text = "getitem", "operator.getitem"
-            else:
-                op = text = getattr(node.target, "__name__", str(node.target))
-            b.add_call(node, op, "aten", text, value, _module_path(node))
-        elif node.op == "output":
-            b.add_output(node)
-        else:  # get_attr of submodules for higher-order ops: no tensor of its own
-            b.add_value(node, value)
+        try:
+            _add(b, node, sig, canonical)
+        except SymbolicShapeError as e:
+            src = where_in_stack(node.meta.get("stack_trace"))
+            raise PathFailure("export", describe_node(node) + (f", {src}" if src else ""), str(e)) from e
     return b, gm, ep
+
+
+def _add(b: OpBuilder, node: fx.Node, sig: Any, canonical: Callable[[str], str]) -> None:
+    """Record one node of the exported graph."""
+    value = node.meta.get("val")
+    if node.op == "placeholder":
+        target = node.name
+        if target in sig.inputs_to_parameters:
+            b.add_param(node, canonical(sig.inputs_to_parameters[target]), value)
+        elif target in sig.inputs_to_buffers:
+            buf = canonical(sig.inputs_to_buffers[target])
+            b.add_leaf(node, "other", "buffer", value, buf.rsplit(".", 1)[0] if "." in buf else "",
+                       {"buffer": buf})
+        elif target in sig.inputs_to_lifted_tensor_constants:
+            b.add_leaf(node, "other", "constant", value, "",
+                       {"constant": sig.inputs_to_lifted_tensor_constants[target]})
+        elif isinstance(value, torch.Tensor):
+            b.add_leaf(node, "input", target, value)
+        else:
+            b.add_value(node, value)
+    elif node.op == "call_function":
+        if isinstance(node.target, torch._ops.OpOverload):
+            op, text = aten_op_name(node.target)
+        elif node.target is operator.getitem:
+            op, text = "getitem", "operator.getitem"
+        else:
+            op = text = getattr(node.target, "__name__", str(node.target))
+        b.add_call(node, op, "aten", text, value, _module_path(node))
+    elif node.op == "output":
+        b.add_output(node)
+    else:  # get_attr of submodules for higher-order ops: no tensor of its own
+        b.add_value(node, value)

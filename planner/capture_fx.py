@@ -23,7 +23,15 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from planner.capture_common import OpBuilder, PathFailure, canonical_names, first_line, where
+from planner.capture_common import (
+    OpBuilder,
+    PathFailure,
+    canonical_names,
+    describe_node,
+    first_line,
+    where,
+    where_in_stack,
+)
 from planner.capture_ops import Call, Param
 
 __all__ = ["PlannerTracer", "LEAF_MODULES", "capture_fx", "aten_op_name"]
@@ -165,7 +173,7 @@ class _ShapeProp(fx.Interpreter):
         try:
             value = super().run_node(n)
         except Exception as e:
-            raise _NodeFailure(n.name, n.format_node(), e) from e
+            raise _NodeFailure(n.name, describe_node(n), e) from e
         self.values[n.name] = value
         return value
 
@@ -181,9 +189,8 @@ def _source_line(model: nn.Module, concrete: dict[str, Any], node_name: str) -> 
     tracer = PlannerTracer(stack_traces=True)
     graph = tracer.trace(model, concrete_args=concrete or None)
     for n in graph.nodes:
-        if n.name == node_name and n.stack_trace:
-            lines = [x.strip() for x in n.stack_trace.strip().splitlines()]
-            return " ".join(lines[-2:])
+        if n.name == node_name:
+            return where_in_stack(n.stack_trace)
     return ""
 
 
@@ -237,7 +244,7 @@ def capture_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
             interp.run()
     except _NodeFailure as f:
         src = _source_line(model, concrete, f.name)
-        raise PathFailure("fx", f"op {f.text}" + (f" ({src})" if src else ""), first_line(f.error)) from f.error
+        raise PathFailure("fx", f.text + (f", {src}" if src else ""), first_line(f.error)) from f.error
     return _build(model, gm, interp.values), gm
 
 
