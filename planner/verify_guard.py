@@ -100,7 +100,7 @@ class RankGuard:
         self._beat = 0
 
     # --- the failing side ----------------------------------------------------------------------
-    def fail(self, message: str, *, grace_s: float = 2.0) -> None:
+    def fail(self, message: str, *, grace_s: float = 2.0, code: int | None = None) -> None:
         """Publish `message` as this rank's failure and exit.
 
         This rank's error is often only a symptom (a collective whose peer closed its connection), so
@@ -137,7 +137,7 @@ class RankGuard:
         else:
             print(f"[planner] {text}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        self._exit(self.exit_code)
+        self._exit(self.exit_code if code is None else code)
 
     def _beats(self) -> dict[int, int]:
         out = {}
@@ -186,7 +186,9 @@ class RankGuard:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        if ev is not None and not isinstance(ev, SystemExit | KeyboardInterrupt):
+        if isinstance(ev, ValueError):  # a user error: one line, the command line's exit status for it
+            self.fail(f"error: {type(ev).__name__}: {' '.join(str(ev).split())}", code=getattr(ev, "exit_code", 2))
+        elif ev is not None and not isinstance(ev, SystemExit | KeyboardInterrupt):
             self.fail("".join(traceback.format_exception(et, ev, tb)).rstrip())
         try:
             self.store.set(f"done/{self.rank}", "1")
