@@ -1,0 +1,179 @@
+"""User errors are named exceptions that say what is wrong and how to fix it; a failing rank stops every
+rank (never a hang); meta-device models are built shard by shard with replicas that agree."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from cost_models.mesh import Mesh
+from layers3d import LinearGeometry, LinearScheme, MeshSetupError, ShardingError
+from tests.distributed import RankError, RankTimeout, run_ranks
+
+CUBE = Mesh((2, 2, 2))
+
+
+# --- pure checks (no process group) -------------------------------------------------------------------
+@pytest.mark.parametrize("scheme, words", [
+    (LinearScheme("4d"), ["unknown linear scheme", "3d_allreduce"]),
+    (LinearScheme("3d", ("x", "y")), ["3d needs 3 role axes"]),
+    (LinearScheme("1d_col"), ["one or more tensor-parallel axes"]),
+    (LinearScheme("2d", ("x", "y"), dp=("y",)), ["distinct mesh axes"]),
+    (LinearScheme("2d", ("x", "q")), ["unknown mesh axis 'q'"]),
+    (LinearScheme("2d", ("x", "y"), sp=True), ["sp (sequence parallelism) applies to 1d_col/1d_row"]),
+    (LinearScheme("1d_row", ("x",), save_input="shard"), ["save_input='shard'", "gathers its input"]),
+    (LinearScheme("3d", ("x", "y", "z"), weight_shard=True), ["weight_shard applies to 3d_allreduce only"]),
+])
+def test_bad_schemes_are_named_errors(scheme: LinearScheme, words: list[str]) -> None:
+    with pytest.raises(ShardingError) as e:
+        scheme.resolve(CUBE)
+    for w in words:
+        assert w in str(e.value)
+
+
+@pytest.mark.parametrize("scheme, k, n, inter, words", [
+    (LinearScheme("3d", ("x", "y", "z")), 10, 6, 1, ["in_features (weight dim K) has size 10", "4 ways",
+                                                     "('z', 'x')", "choose feature sizes divisible"]),
+    (LinearScheme("1d_col", ("x", "y", "z")), 8, 12, 1, ["out_features (weight dim N) has size 12", "8 ways",
+                                                         "('x', 'y', 'z')"]),
+    (LinearScheme("1d_col", ("y", "z")), 8, 4, 2, ["size 4", "4 ways in 2 interleaved segments"]),
+    (LinearScheme("2d", ("x", "y")), 6, 5, 1, ["out_features", "size 5", "('y',)"]),
+])
+def test_weights_the_mesh_does_not_divide_fail_at_construction(scheme: LinearScheme, k: int, n: int, inter: int,
+                                                               words: list[str]) -> None:
+    with pytest.raises(ShardingError) as e:
+        LinearGeometry(scheme, CUBE, k, n, inter)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_token_dims_that_do_not_divide_are_named() -> None:
+    geo = LinearGeometry(LinearScheme("3d", ("x", "y", "z")), CUBE, 8, 8)
+    with pytest.raises(ShardingError, match=r"token dims \(3, 5\) cannot be split over mesh axes \('x', 'y'\)"):
+        geo.x_layout((3, 5, 8))
+
+
+def test_device_mesh_needs_a_process_group() -> None:
+    from layers3d import DeviceMesh
+    with pytest.raises(MeshSetupError, match="init_process_group"):
+        DeviceMesh(CUBE)
+
+
+# --- on 8 ranks --------------------------------------------------------------------------------------------
+def _errors_on_ranks(rank: int) -> dict[str, str]:
+    from cost_models.layout import Layout
+    from layers3d import DeviceMesh, ParallelEmbedding, ParallelLayerNorm, ParallelLinear, redistribute
+
+    out: dict[str, str] = {}
+
+    def catch(key: str, fn) -> None:  # noqa: ANN001
+        try:
+            fn()
+        except (ShardingError, MeshSetupError) as e:
+            out[key] = f"{type(e).__name__}: {e}"
+
+    catch("mesh", lambda: DeviceMesh(Mesh((2, 2))))
+    dm = DeviceMesh(CUBE)
+    catch("linear", lambda: ParallelLinear(10, 6, dm, LinearScheme("3d", ("x", "y", "z"))))
+    catch("embedding", lambda: ParallelEmbedding(10, 8, dm, "vocab", axes=("x", "y")))
+    catch("norm", lambda: ParallelLayerNorm(6, dm, features=("x", "y")))
+    layer = ParallelLinear(8, 8, dm, LinearScheme("3d", ("x", "y", "z")), token_shape=(4, 3))
+    catch("forward", lambda: layer(torch.zeros(2, 3, 4)))
+    catch("redistribute", lambda: redistribute(torch.zeros(3, 4), Layout((("x",), ())), Layout(((), ())), dm, (8, 4)))
+    return out
+
+
+@pytest.mark.distributed
+def test_layer_errors_on_ranks_name_dim_axes_and_fix() -> None:
+    res = run_ranks(_errors_on_ranks, 8, 60)[0]
+    assert res["mesh"].startswith("MeshSetupError") and "process group has 8" in res["mesh"]
+    assert "in_features (weight dim K) has size 10" in res["linear"] and "('z', 'x')" in res["linear"]
+    assert "vocabulary has size 10" in res["embedding"] and "('x', 'y')" in res["embedding"]
+    assert "layer norm feature dim has size 6" in res["norm"]
+    assert "local shape (1, 3, 4), got (2, 3, 4)" in res["forward"] and "token_shape=" in res["forward"]
+    assert "not the [x, -] block (4, 4)" in res["redistribute"]
+
+
+# --- the harness: results, failures and hangs ---------------------------------------------------------------
+def _raise_on_rank_3(rank: int) -> None:
+    import torch.distributed as dist
+
+    if rank == 3:
+        raise ShardingError("rank 3 found a bad shape")
+    dist.all_reduce(torch.ones(1))  # the others wait for rank 3, which never comes
+
+
+def _hang(rank: int) -> None:
+    if rank == 5:
+        time.sleep(3600)
+
+
+@pytest.mark.distributed
+def test_results_come_back_from_every_rank() -> None:
+    res = run_ranks(lambda rank: {"rank": rank, "t": torch.full((2,), float(rank))}, 8, 30)
+    assert [r["rank"] for r in res] == list(range(8)) and torch.equal(res[7]["t"], torch.full((2,), 7.0))
+
+
+@pytest.mark.distributed
+def test_a_rank_that_raises_stops_every_rank_with_its_error() -> None:
+    start = time.monotonic()
+    with pytest.raises(RankError) as e:
+        run_ranks(_raise_on_rank_3, 8, 30)
+    assert time.monotonic() - start < 20
+    assert isinstance(e.value.first, ShardingError)
+    assert next(iter(e.value.errors)) == 3  # the root cause first
+    assert "rank 3 found a bad shape" in str(e.value) and "_raise_on_rank_3" in str(e.value)
+
+
+@pytest.mark.distributed
+def test_a_hang_is_killed_at_the_timeout() -> None:
+    start = time.monotonic()
+    with pytest.raises(RankTimeout, match=r"ranks \[5\] still running after 3 s"):
+        run_ranks(_hang, 8, 3)
+    assert time.monotonic() - start < 15
+
+
+# --- meta-device construction ----------------------------------------------------------------------------------
+def _meta_build(rank: int) -> dict:
+    from layers3d import DeviceMesh, ParallelEmbedding, ParallelLayerNorm, ParallelLinear
+
+    dm = DeviceMesh(CUBE)
+    with torch.device("meta"):
+        lin, ln, emb = torch.nn.Linear(16, 24), torch.nn.LayerNorm(16), torch.nn.Embedding(32, 16)
+    gen = torch.Generator().manual_seed(5)
+    layers = {
+        "lin3d": ParallelLinear.from_dense(lin, dm, LinearScheme("3d", ("x", "y", "z")), generator=gen),
+        "lin1d": ParallelLinear.from_dense(lin, dm, LinearScheme("1d_col", ("z",)), interleave=3, generator=gen),
+        "ln": ParallelLayerNorm.from_dense(ln, dm, features=("y",), tokens=("x", "z")),
+        "emb": ParallelEmbedding.from_dense(emb, dm, "vocab", axes=("y", "z"), generator=gen),
+    }
+    return {name: ({k: v.detach().clone() for k, v in m.named_parameters()}, m.dense_state_dict())
+            for name, m in layers.items()}
+
+
+@pytest.mark.distributed
+def test_meta_models_are_initialised_shard_by_shard() -> None:
+    from layers3d.shard import block_index
+
+    res = run_ranks(_meta_build, 8, 60)
+    shapes = {"lin3d": {"weight": (12, 4), "bias": (12,)}, "lin1d": {"weight": (12, 16), "bias": (12,)},
+              "ln": {"weight": (8,), "bias": (8,)}, "emb": {"weight": (8, 16)}}
+    dense = {"lin3d": {"weight": (24, 16), "bias": (24,)}, "lin1d": {"weight": (24, 16), "bias": (24,)},
+             "ln": {"weight": (16,), "bias": (16,)}, "emb": {"weight": (32, 16)}}
+    for name, want in shapes.items():
+        for local, full in (r[name] for r in res):
+            assert {k: tuple(v.shape) for k, v in local.items()} == want
+            assert {k: tuple(v.shape) for k, v in full.items()} == dense[name]
+            assert torch.equal(full["weight"], res[0][name][1]["weight"])  # every rank gathers the same table
+    # 1d_col over z: ranks with the same z coordinate hold the same block (replicas agree), the two blocks differ
+    by_block: dict[int, torch.Tensor] = {}
+    for rank, r in enumerate(res):
+        w = r["lin1d"][0]["weight"]
+        b = block_index(("z",), CUBE, rank)
+        assert torch.equal(by_block.setdefault(b, w), w)
+    assert not torch.equal(by_block[0], by_block[1])
+    assert float(by_block[0].std()) == pytest.approx(0.02, rel=0.3)   # default init: N(0, 0.02)
+    assert torch.equal(res[0]["ln"][1]["weight"], torch.ones(16)) and torch.equal(res[0]["lin3d"][1]["bias"],
+                                                                                  torch.zeros(24))
