@@ -243,17 +243,18 @@ def _block_digest(block: str, ops: list[OpNode]) -> str:
 # --- error locations ---------------------------------------------------------------------------------
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _STDLIB_DIR = os.path.dirname(os.__file__)
-_HERE = os.path.dirname(__file__)
+_CAPTURE_PREFIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture")
 
 
 def _is_model_code(filename: str) -> bool:
+    """Not torch, not the standard library, not capture's own files (planner/capture*.py)."""
     path = os.path.abspath(filename)
-    return not (path.startswith((_TORCH_DIR, _STDLIB_DIR, _HERE)) or filename.startswith("<"))
+    return not (path.startswith((_TORCH_DIR, _STDLIB_DIR, _CAPTURE_PREFIX)) or filename.startswith("<"))
 
 
 def where(exc: BaseException) -> str:
     """The innermost source line of the failing call that is model code (not torch, the standard
-    library or this package), as "file:line in function: code"; "" when there is none."""
+    library or capture itself), as "file:line in function: code"; "" when there is none."""
     for f in reversed(traceback.extract_tb(exc.__traceback__)):
         if _is_model_code(f.filename):
             return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"

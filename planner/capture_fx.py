@@ -28,6 +28,7 @@ from planner.capture_common import (
     PathFailure,
     canonical_names,
     describe_node,
+    dtype_name,
     first_line,
     where,
     where_in_stack,
@@ -52,13 +53,13 @@ def _leaf_types() -> tuple[type[nn.Module], ...]:
     conv1d = _conv1d()
     return LEAF_MODULES + ((conv1d,) if conv1d is not None else ())
 
+
 # Python operators -> canonical op names (operator.truediv is "div", in-place forms are their op).
 _OPERATORS = {"truediv": "div", "itruediv": "div", "floordiv": "floor_divide", "ifloordiv": "floor_divide",
               "iadd": "add", "isub": "sub", "imul": "mul", "and_": "and", "or_": "or", "xor": "xor",
               "not_": "not", "invert": "bitwise_not", "imatmul": "matmul", "mod": "remainder"}
 # Torch-level aliases -> canonical op names.
-_ALIASES = {"true_divide": "div", "divide": "div", "multiply": "mul", "subtract": "sub", "masked_fill": "masked_fill",
-            "__and__": "and", "__or__": "or", "__xor__": "xor", "__invert__": "bitwise_not", "greater": "gt",
+_ALIASES = {"true_divide": "div", "divide": "div", "multiply": "mul", "subtract": "sub", "__and__": "and", "__or__": "or", "__xor__": "xor", "__invert__": "bitwise_not", "greater": "gt",
             "less": "lt", "greater_equal": "ge", "less_equal": "le", "not_equal": "ne"}
 
 
@@ -262,7 +263,7 @@ def _build(model: nn.Module, gm: fx.GraphModule, values: dict[str, Any]) -> OpBu
             _get_attr(b, gm, node, value, names)
         elif node.op == "call_module":
             mod = gm.get_submodule(str(node.target))
-            params = [Param(names.get(id(p), f"{node.target}.{n}"), tuple(p.shape), str(p.dtype).removeprefix("torch."))
+            params = [Param(names.get(id(p), f"{node.target}.{n}"), tuple(p.shape), dtype_name(p.dtype))
                       for n, p in mod.named_parameters()]
             b.add_call(node, type(mod).__name__, "torch", _module_target(mod), value, str(node.target),
                        module_classify=_module_classifier(mod), module_params=params)

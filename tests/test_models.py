@@ -173,3 +173,31 @@ def test_load_errors(tmp_path) -> None:
         with pytest.raises(ModelLoadError, match=re.escape(message)):
             load_model(spec)
     assert issubclass(ModelLoadError, ValueError)
+
+
+def test_gpt_block_saves_the_textbook_activations() -> None:
+    """One Block in bf16 with dropout on CPU keeps sbh(36 + 6as/h) bytes for backward (Korthikanti et al.'s
+    sbh(34 + 5as/h) with CPU's 2-byte dropout masks), plus the layer norms' mean/rstd per token."""
+    from planner.models.gpt import Block
+
+    cfg = gpt_config("gpt-tiny", seq_len=32, batch_size=4, dropout=0.1, dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    block = Block(cfg).to(torch.bfloat16)
+    s, b, h, a = cfg.seq_len, cfg.batch_size, cfg.n_embd, cfg.n_head
+    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+    skip = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    skip.add(block.attn.mask.untyped_storage().data_ptr())
+    saved: dict[int, tuple[tuple[int, ...], int]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            saved[storage.data_ptr()] = (tuple(t.shape), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    stats = [n for shape, n in saved.values() if shape == (b, s, 1)]
+    activations = sum(n for shape, n in saved.values() if shape != (b, s, 1))
+    assert len(stats) == 4  # mean and rstd of each of the two layer norms
+    assert activations == s * b * h * (36 + 6 * a * s // h)
