@@ -1,0 +1,87 @@
+"""Solvers: `Problem` -> `Solution` (fastest step under a per-rank memory budget).
+
+    from planner.solve import solve, evaluate
+    sol = solve(problem)                      # method="auto": two-level for large repeated-block problems
+    time_s, peak_bytes, breakdown = evaluate(problem, sol.choice, sol.checkpointed)
+
+`solve` runs the flat ILP (`planner.solve.ilp`) or the two-level solve (`planner.solve.two_level`) and
+always reports the objective and peak recomputed from the formulas (`planner.solve.evaluate`).
+`brute_force` is the exhaustive reference used by the tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from planner.solve.brute_force import brute_force
+from planner.solve.decompose import NotDecomposable, decompose
+from planner.solve.driver import solve_built
+from planner.solve.evaluate import evaluate
+from planner.solve.frontier import FrontierTooLarge
+from planner.solve.ilp import build_flat, flat_size
+from planner.solve.indexed import IndexedProblem, ProblemError
+from planner.solve.milp import Progress, SolverError, resolve_solver
+from planner.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, Solution
+from planner.solve.two_level import TwoLevel
+
+__all__ = [
+    "AUTO_FLAT_LIMIT", "METHODS", "Block", "Choice", "NotDecomposable", "Problem", "ProblemEdge", "ProblemError",
+    "ProblemNode", "Solution", "SolverError", "brute_force", "evaluate", "solve",
+]
+
+log = logging.getLogger(__name__)
+
+METHODS = ("auto", "flat", "two_level")
+# method="auto" uses the two-level solve when the flat ILP would have more integer variables than this
+# (and some class has >= 2 identical blocks). Below it the flat ILP solves in well under a second.
+AUTO_FLAT_LIMIT = 300
+
+
+def _pick_method(ip: IndexedProblem) -> str:
+    if flat_size(ip) <= AUTO_FLAT_LIMIT:
+        return "flat"
+    try:
+        dec = decompose(ip)
+    except NotDecomposable as err:
+        log.info("two-level solve not applicable (%s); using the flat ILP", err)
+        return "flat"
+    return "two_level" if any(len(c.blocks) >= 2 for c in dec.classes) else "flat"
+
+
+def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, method: str = "auto",
+          progress: bool = False) -> Solution:
+    """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
+
+    solver: "highs" (falls back to "cbc" with a warning when highspy is missing) or "cbc".
+    time_limit: seconds for each ILP solve; when it is hit the best assignment found so far is returned
+        with status "feasible" and its relative gap, or status "error" with a message if none was found.
+    method: "flat", "two_level" (raises NotDecomposable when the blocks do not have one input and one
+        output node each) or "auto".
+    progress: show a spinner on stderr for solves that last more than a second.
+
+    An infeasible budget gives status "infeasible" with `min_feasible_budget` (the exact least peak) and
+    the least-memory assignment in `choice`/`checkpointed`/`peak_bytes`.
+    """
+    if method not in METHODS:
+        raise SolverError(f"unknown method {method!r}; use one of {METHODS}")
+    if not time_limit > 0:
+        raise SolverError(f"time_limit must be > 0 seconds, got {time_limit}")
+    name = resolve_solver(solver)
+    start = time.perf_counter()
+    ip = IndexedProblem(problem)
+    chosen = _pick_method(ip) if method == "auto" else method
+    with Progress(progress, f"planner: {chosen.replace('_', '-')} solve of {ip.n} nodes"):
+        sol = None
+        if chosen == "two_level":
+            try:
+                sol = solve_built(ip, TwoLevel(ip).build, solver=name, time_limit=time_limit, method="two_level")
+            except (NotDecomposable, FrontierTooLarge) as err:
+                if method == "two_level":
+                    raise
+                log.info("two-level solve not applicable (%s); using the flat ILP", err)
+        if sol is None:
+            sol = solve_built(ip, lambda mode, budget: build_flat(ip, mode, budget), solver=name,
+                              time_limit=time_limit, method="flat")
+    sol.seconds = time.perf_counter() - start
+    return sol

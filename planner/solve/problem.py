@@ -84,7 +84,11 @@ class Problem:
 
 @dataclass
 class Solution:
-    """status: "optimal", "feasible" (time limit hit, gap > 0), "infeasible" or "error"."""
+    """status: "optimal", "feasible" (time limit hit, gap > 0), "infeasible" or "error".
+
+    `method` says how it was found ("flat", "two_level", "brute_force"); `message` explains an "error"
+    status or an unproven figure in plain words (empty otherwise).
+    """
 
     status: str
     choice: dict[str, int] = field(default_factory=dict)
@@ -95,3 +99,5 @@ class Solution:
     solver: str = ""
     peak_bytes: int = 0
     min_feasible_budget: int | None = None
+    method: str = ""
+    message: str = ""

@@ -1,0 +1,201 @@
+"""Pareto frontier of one block's internal assignments, per boundary, by dynamic programming.
+
+A block seen from outside is: the choice p of its port (the node feeding it), the choice q of its output
+node, whether it is checkpointed, and three numbers it adds to the formulas of `planner.solve.problem`:
+
+* `add_bytes`: additive memory, sum of state (+ saved, or + input_bytes[p] when checkpointed),
+* `max_bytes`: its candidate for the max term (largest transient, or the recomputed saved bytes),
+* `time_s`: its nodes' times, the costs of edges into or inside it (+ recompute when checkpointed).
+
+Everything outside only gets better when any of the three shrinks, so for each (p, q) only the
+non-dominated points matter. The dynamic program sweeps the block's nodes in topological order; its
+state is the choices of the nodes already swept that still have edges to unswept ones (and of the output
+node), which handles DAG blocks such as a transformer layer with a residual edge. Each state keeps a
+Pareto set of labels (add, saved, max transient, time) with the assignment that produced them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["BlockShape", "FrontierPoint", "FrontierTooLarge", "block_frontier", "pareto_mask", "topological_order"]
+
+# Labels compared at once in the pairwise dominance check (memory ~ chunk x labels x columns).
+_CHUNK = 512
+
+
+class FrontierTooLarge(ValueError):
+    """The block's dynamic program exceeds the label limit (too many cross edges or choices)."""
+
+
+@dataclass
+class BlockShape:
+    """A block by position: per-node cost arrays, internal edges (src_pos, dst_pos, cost, recompute),
+    edges from its port (dst_pos, cost[port choice, dst choice], recompute), the port's number of choices
+    (1 when there is no port), the output node's position (None if nothing leaves the block) and the
+    bytes kept when checkpointed, per port choice."""
+
+    sizes: list[int]
+    time: list[np.ndarray]
+    recompute: list[np.ndarray]
+    state: list[np.ndarray]
+    saved: list[np.ndarray]
+    transient: list[np.ndarray]
+    internal: list[tuple[int, int, np.ndarray, np.ndarray]]
+    from_port: list[tuple[int, np.ndarray, np.ndarray]]
+    port_size: int
+    out_pos: int | None
+    input_bytes: np.ndarray
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One non-dominated way to run a block: boundary (p, q), checkpoint flag, its three numbers and the
+    choice of each block node by position."""
+
+    p: int
+    q: int
+    ckpt: bool
+    add_bytes: int
+    max_bytes: int
+    time_s: float
+    choice: tuple[int, ...]
+
+
+def pareto_mask(values: np.ndarray) -> np.ndarray:
+    """Boolean mask of the rows of `values` (k x d) not weakly dominated by an earlier-sorted row: of equal
+    rows one is kept. Smaller is better in every column."""
+    k = len(values)
+    keep = np.ones(k, dtype=bool)
+    if k <= 1:
+        return keep
+    order = np.lexsort(values.T[::-1])
+    w = values[order]
+    sorted_keep = np.ones(k, dtype=bool)
+    for start in range(1, k, _CHUNK):
+        stop = min(start + _CHUNK, k)
+        block = w[start:stop]  # (c, d)
+        prev = w[:stop]  # (stop, d)
+        dom = np.all(prev[None, :, :] <= block[:, None, :], axis=2)
+        dom &= np.arange(stop)[None, :] < np.arange(start, stop)[:, None]
+        sorted_keep[start:stop] = ~dom.any(axis=1)
+    keep[order] = sorted_keep
+    return keep
+
+
+def topological_order(n: int, edges: list[tuple[int, int]]) -> list[int] | None:
+    """Positions 0..n-1 in an order respecting edges (src before dst), lowest position first among
+    ready ones; None when the edges have a cycle."""
+    indeg = [0] * n
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for s, d in edges:
+        succ[s].append(d)
+        indeg[d] += 1
+    ready = [i for i in range(n) if indeg[i] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for d in succ[i]:
+            indeg[d] -= 1
+            if indeg[d] == 0:
+                heapq.heappush(ready, d)
+    return order if len(order) == n else None
+
+
+def _sweep(shape: BlockShape, order: list[int], p: int, ckpt: bool, cap: float, max_labels: int,
+           with_time: bool) -> dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]]:
+    """The DP for port choice p: final state (output choice,) -> (labels (k x 4), assignments (k x n))."""
+    n = len(order)
+    pos_step = {pos: i for i, pos in enumerate(order)}
+    last_use = {pos: (pos_step[pos] if pos != shape.out_pos else n) for pos in order}
+    for s, d, _, _ in shape.internal:
+        last_use[s] = max(last_use[s], pos_step[d])
+    incoming: list[list[tuple[int, np.ndarray, np.ndarray]]] = [[] for _ in range(len(shape.sizes))]
+    for s, d, cost, rec in shape.internal:
+        incoming[d].append((s, cost, rec))
+    port_cost = [np.zeros(size) for size in shape.sizes]
+    for d, cost, rec in shape.from_port:
+        port_cost[d] = port_cost[d] + cost[p] + (rec[p] if ckpt else 0.0)
+    min_rest = np.zeros(n + 1)  # least additive bytes of the nodes swept after step i
+    for i in range(n - 1, -1, -1):
+        v = order[i]
+        min_rest[i] = min_rest[i + 1] + float(np.min(shape.state[v] + (0 if ckpt else shape.saved[v])))
+    kept_in = float(shape.input_bytes[p]) if ckpt else 0.0
+
+    live: list[int] = []
+    labels = {(): (np.zeros((1, 4)), np.zeros((1, 0), dtype=np.int16))}  # columns: add, saved, transient, time
+    for i, v in enumerate(order):
+        new_live = sorted([u for u in live if last_use[u] > i] + ([v] if last_use[v] > i else []))
+        grouped: dict[tuple[int, ...], list[tuple[np.ndarray, np.ndarray]]] = {}
+        for key, (vals, asg) in labels.items():
+            known = dict(zip(live, key))
+            for c in range(shape.sizes[v]):
+                dt = shape.time[v][c] + (shape.recompute[v][c] if ckpt else 0.0) + port_cost[v][c]
+                for s, cost, rec in incoming[v]:
+                    dt += cost[known[s], c] + (rec[known[s], c] if ckpt else 0.0)
+                dt = dt if with_time else 0.0
+                saved = float(shape.saved[v][c])
+                step = np.array([shape.state[v][c] + (0.0 if ckpt else saved), saved if ckpt else 0.0, 0.0, dt])
+                new = vals + step
+                new[:, 2] = np.maximum(vals[:, 2], float(shape.transient[v][c]))
+                ok = new[:, 0] + kept_in + min_rest[i + 1] + np.maximum(new[:, 1], new[:, 2]) <= cap
+                if not ok.any():
+                    continue
+                known[v] = c
+                new_key = tuple(known[u] for u in new_live)
+                col = np.full((int(ok.sum()), 1), c, dtype=np.int16)
+                grouped.setdefault(new_key, []).append((new[ok], np.hstack([asg[ok], col])))
+        labels = {}
+        total = 0
+        for key, parts in grouped.items():
+            vals = np.vstack([a for a, _ in parts])
+            asg = np.vstack([b for _, b in parts])
+            mask = pareto_mask(vals)
+            labels[key] = (vals[mask], asg[mask])
+            total += int(mask.sum())
+        if total > max_labels:
+            raise FrontierTooLarge(f"block frontier needs more than {max_labels} labels at node {i}")
+        live = new_live
+    return labels
+
+
+def block_frontier(shape: BlockShape, *, checkpointing: bool, cap_bytes: float = np.inf, with_time: bool = True,
+                   max_labels: int = 2_000_000) -> list[FrontierPoint]:
+    """All non-dominated (add_bytes, max_bytes, time_s) points per boundary (p, q) and checkpoint flag.
+
+    `cap_bytes` drops points whose add_bytes + max_bytes exceed it (they cannot fit a budget); the default
+    keeps the full frontier. With `with_time=False` time is ignored (all zero): the memory-only frontier,
+    much smaller, for minimising peak memory. Raises FrontierTooLarge past `max_labels` labels in one sweep
+    step.
+    """
+    n = len(shape.sizes)
+    order = topological_order(n, [(s, d) for s, d, _, _ in shape.internal])
+    if order is None:
+        raise FrontierTooLarge("block edges form a cycle")
+    inverse = np.argsort(order)
+    points: list[FrontierPoint] = []
+    for p in range(shape.port_size):
+        rows: list[np.ndarray] = []
+        meta: list[tuple[int, bool, tuple[int, ...]]] = []
+        for ckpt in ([False, True] if checkpointing else [False]):
+            for key, (vals, asg) in _sweep(shape, order, p, ckpt, cap_bytes, max_labels, with_time).items():
+                q = key[0] if key else 0
+                add = vals[:, 0] + (float(shape.input_bytes[p]) if ckpt else 0.0)
+                top = np.maximum(vals[:, 1], vals[:, 2])
+                rows.append(np.stack([np.full(len(vals), q), add, top, vals[:, 3]], axis=1))
+                meta += [(q, ckpt, tuple(int(x) for x in a[inverse])) for a in asg]
+        if not rows:
+            continue
+        table = np.vstack(rows)
+        for q in np.unique(table[:, 0]):
+            idx = np.nonzero(table[:, 0] == q)[0]
+            for j in idx[pareto_mask(table[idx, 1:])]:
+                q_, ckpt, choice = meta[j]
+                points.append(FrontierPoint(p, q_, ckpt, int(round(table[j, 1])), int(round(table[j, 2])),
+                                            float(table[j, 3]), choice))
+    return points

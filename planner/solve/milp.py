@@ -1,0 +1,282 @@
+"""A small sparse MILP container and the two back ends that solve it: HiGHS (highspy) and CBC (PuLP).
+
+The ILP builders write variables and rows into a `MilpModel` with numpy index arrays; `solve_milp` hands
+the whole matrix to HiGHS in one call (building a 200,000-variable model through PuLP's expression
+objects takes longer than solving it) or, for CBC, translates it into a `pulp.LpProblem`. When highspy
+is missing, "highs" falls back to CBC with a logged warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["SolverError", "MilpModel", "MilpResult", "Progress", "solve_milp", "resolve_solver"]
+
+log = logging.getLogger(__name__)
+
+SOLVERS = ("highs", "cbc")
+
+
+class SolverError(ValueError):
+    """An unknown solver name or solve option."""
+
+
+@dataclass
+class MilpResult:
+    """status: "optimal" | "feasible" (limit hit with a solution) | "infeasible" | "error".
+    objective and bound include the model's constant offset; gap is relative (nan when unknown)."""
+
+    status: str
+    x: np.ndarray | None
+    objective: float
+    bound: float
+    gap: float
+    seconds: float
+    solver: str
+    message: str = ""
+
+
+class MilpModel:
+    """Minimise cost·x + offset subject to lo <= A x <= hi and bounds; some variables integer."""
+
+    def __init__(self) -> None:
+        self._lb: list[np.ndarray] = []
+        self._ub: list[np.ndarray] = []
+        self._int: list[np.ndarray] = []
+        self._cost_idx: list[np.ndarray] = []
+        self._cost_val: list[np.ndarray] = []
+        self._row_idx: list[np.ndarray] = []
+        self._row_val: list[np.ndarray] = []
+        self._row_lo: list[float] = []
+        self._row_hi: list[float] = []
+        self.num_vars = 0
+        self.offset = 0.0
+        self.trivially_infeasible = False
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._row_lo)
+
+    def add_vars(self, n: int, lb: float = 0.0, ub: float = 1.0, integer: bool = False) -> np.ndarray:
+        """Add n variables with the same bounds; returns their indices."""
+        idx = np.arange(self.num_vars, self.num_vars + n)
+        self.num_vars += n
+        self._lb.append(np.full(n, lb, dtype=float))
+        self._ub.append(np.full(n, ub, dtype=float))
+        self._int.append(np.full(n, integer, dtype=bool))
+        return idx
+
+    def add_cost(self, idx: np.ndarray, coef: np.ndarray) -> None:
+        """Add coef[i] to the objective coefficient of variable idx[i] (repeats accumulate)."""
+        self._cost_idx.append(np.asarray(idx, dtype=np.int64))
+        self._cost_val.append(np.asarray(coef, dtype=float))
+
+    def add_row(self, idx: np.ndarray, coef: np.ndarray, lo: float = -np.inf, hi: float = np.inf) -> None:
+        """Add lo <= sum coef[i]·x[idx[i]] <= hi (duplicate indices are summed). A row without variables
+        is checked at once and marks the model infeasible when 0 is outside [lo, hi]."""
+        idx = np.asarray(idx, dtype=np.int64)
+        coef = np.asarray(coef, dtype=float)
+        keep = coef != 0
+        idx, coef = idx[keep], coef[keep]
+        if len(idx) == 0:
+            if lo > 1e-9 or hi < -1e-9:
+                self.trivially_infeasible = True
+            return
+        uniq, inv = np.unique(idx, return_inverse=True)
+        self._row_idx.append(uniq)
+        self._row_val.append(np.bincount(inv, weights=coef, minlength=len(uniq)))
+        self._row_lo.append(lo)
+        self._row_hi.append(hi)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The model as dense bound/cost vectors and a CSR row matrix."""
+        cost = np.zeros(self.num_vars)
+        if self._cost_idx:
+            np.add.at(cost, np.concatenate(self._cost_idx), np.concatenate(self._cost_val))
+        lengths = [len(i) for i in self._row_idx]
+        return {
+            "cost": cost,
+            "lb": np.concatenate(self._lb) if self._lb else np.zeros(0),
+            "ub": np.concatenate(self._ub) if self._ub else np.zeros(0),
+            "integer": np.concatenate(self._int) if self._int else np.zeros(0, dtype=bool),
+            "row_lo": np.array(self._row_lo, dtype=float),
+            "row_hi": np.array(self._row_hi, dtype=float),
+            "start": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+            "index": np.concatenate(self._row_idx).astype(np.int32) if lengths else np.zeros(0, np.int32),
+            "value": np.concatenate(self._row_val) if lengths else np.zeros(0),
+        }
+
+
+class Progress:
+    """A spinner line on stderr (rich) that appears only when the work lasts longer than `delay_s`.
+
+    Used as a context manager; `update(text)` changes the label. Does nothing when not enabled.
+    """
+
+    def __init__(self, enabled: bool, text: str = "solving", delay_s: float = 1.0) -> None:
+        self.enabled = enabled
+        self.text = text
+        self.delay_s = delay_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start = 0.0
+
+    def update(self, text: str) -> None:
+        self.text = text
+
+    def _run(self) -> None:
+        if self._stop.wait(self.delay_s):
+            return
+        from rich.console import Console
+
+        with Console(stderr=True).status(self.text) as status:
+            while not self._stop.wait(0.2):
+                status.update(f"{self.text} [{time.perf_counter() - self._start:.0f} s]")
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            self._start = time.perf_counter()
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def resolve_solver(solver: str) -> str:
+    """The back end that will run: "highs" when highspy imports, else "cbc" (with a warning)."""
+    if solver not in SOLVERS:
+        raise SolverError(f"unknown solver {solver!r}; use one of {SOLVERS}")
+    if solver == "highs":
+        try:
+            import highspy  # noqa: F401
+        except ImportError:
+            log.warning("highspy is not installed; falling back to CBC (pip install highspy for HiGHS)")
+            return "cbc"
+    return solver
+
+
+def solve_milp(
+    model: MilpModel, *, solver: str = "highs", time_limit: float = 60.0, rel_gap: float = 1e-9,
+    abs_gap: float = 0.0,
+) -> MilpResult:
+    """Solve `model` with the named back end ("highs" or "cbc") within `time_limit` seconds."""
+    name = resolve_solver(solver)
+    if model.trivially_infeasible:
+        return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, name)
+    if model.num_vars == 0:
+        return MilpResult("optimal", np.zeros(0), model.offset, model.offset, 0.0, 0.0, name)
+    start = time.perf_counter()
+    run = _solve_highs if name == "highs" else _solve_cbc
+    result = run(model, max(time_limit, 0.01), rel_gap, abs_gap)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+_BANNER_SHOWN = False
+
+
+def _quiet_highs() -> object:
+    """A silent highspy.Highs. The first one prints a licence banner on stdout from C++ before options can
+    be set; stdout's file descriptor is pointed at /dev/null while it is made."""
+    import os
+    import sys
+
+    import highspy
+
+    global _BANNER_SHOWN
+    if _BANNER_SHOWN:
+        h = highspy.Highs()
+    else:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 1)
+                h = highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+            _BANNER_SHOWN = True
+    h.setOptionValue("output_flag", False)
+    return h
+
+
+def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float) -> MilpResult:
+    import highspy
+
+    a = model.arrays()
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = model.num_vars, model.num_rows
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = a["cost"], a["lb"], a["ub"]
+    lp.row_lower_, lp.row_upper_ = a["row_lo"], a["row_hi"]
+    lp.offset_ = model.offset
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = model.num_vars, model.num_rows
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a["start"], a["index"], a["value"]
+    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in a["integer"]]
+    h = _quiet_highs()
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", float(rel_gap))
+    h.setOptionValue("mip_abs_gap", float(abs_gap))
+    h.passModel(lp)
+    h.HandleKeyboardInterrupt = True  # solve in a thread: Ctrl-C works and a progress spinner keeps turning
+    h.solve()
+    status = h.getModelStatus()
+    info = h.getInfo()
+    has_x = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    x = np.asarray(h.getSolution().col_value) if has_x else None
+    obj = info.objective_function_value if has_x else np.nan
+    bound, gap = info.mip_dual_bound, info.mip_gap
+    S = highspy.HighsModelStatus
+    if status == S.kOptimal:
+        return MilpResult("optimal", x, obj, bound, 0.0 if gap < rel_gap else gap, 0.0, "highs")
+    if status == S.kInfeasible:
+        return MilpResult("infeasible", None, np.nan, bound, np.nan, 0.0, "highs")
+    reason = h.modelStatusToString(status)
+    if has_x:
+        return MilpResult("feasible", x, obj, bound, gap, 0.0, "highs", f"HiGHS stopped: {reason}")
+    return MilpResult("error", None, np.nan, bound, np.nan, 0.0, "highs", f"HiGHS stopped without a solution: {reason}")
+
+
+def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float) -> MilpResult:
+    import pulp
+
+    a = model.arrays()
+    prob = pulp.LpProblem("planner", pulp.LpMinimize)
+    xs = [
+        pulp.LpVariable(f"x{i}", lowBound=lo, upBound=hi, cat=pulp.LpInteger if integer else pulp.LpContinuous)
+        for i, (lo, hi, integer) in enumerate(zip(a["lb"], a["ub"], a["integer"]))
+    ]
+    nz = np.nonzero(a["cost"])[0]
+    prob += pulp.LpAffineExpression([(xs[i], float(a["cost"][i])) for i in nz]) + model.offset
+    for r in range(model.num_rows):
+        lo, hi = a["row_lo"][r], a["row_hi"][r]
+        sl = slice(a["start"][r], a["start"][r + 1])
+        expr = pulp.LpAffineExpression([(xs[i], float(v)) for i, v in zip(a["index"][sl], a["value"][sl])])
+        if lo == hi:
+            prob += expr == float(lo)
+            continue
+        if np.isfinite(lo):
+            prob += expr >= float(lo)
+        if np.isfinite(hi):
+            prob += expr <= float(hi)
+    cmd = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap)
+    prob.solve(cmd)
+    if prob.status == pulp.LpStatusInfeasible:
+        return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, "cbc")
+    if prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        x = np.array([v.varValue if v.varValue is not None else 0.0 for v in xs])
+        obj = float(a["cost"] @ x) + model.offset
+        if prob.sol_status == pulp.LpSolutionOptimal:
+            return MilpResult("optimal", x, obj, obj, 0.0, 0.0, "cbc")
+        return MilpResult("feasible", x, obj, np.nan, np.nan, 0.0, "cbc", "CBC stopped at the time limit")
+    return MilpResult("error", None, np.nan, np.nan, np.nan, 0.0, "cbc", f"CBC: {pulp.LpStatus[prob.status]}")
