@@ -221,7 +221,7 @@ def assign_blocks(nodes: list[OpNode], blocks: dict[str, str]) -> list[BlockInfo
     for name, ops in members.items():
         if ops:
             digest = _block_digest(name, ops)
-            infos.append(BlockInfo(name, tuple(n.name for n in ops), f"{blocks[name]}#{digest[:10]}"))
+            infos.append(BlockInfo(name, [n.name for n in ops], f"{blocks[name]}#{digest[:10]}"))
     return infos
 
 

@@ -38,7 +38,7 @@ class BlockInfo:
     """
 
     name: str
-    nodes: tuple[str, ...]
+    nodes: list[str]
     cls: str
 
 
@@ -141,7 +141,7 @@ class ModelGraph:
         """Inverse of `to_dict` (without `gm`); raises GraphError if the fingerprint does not match."""
         try:
             nodes = [_node_from_dict(d) for d in data["nodes"]]
-            blocks = [BlockInfo(b["name"], tuple(b["nodes"]), b["cls"]) for b in data["blocks"]]
+            blocks = [BlockInfo(b["name"], list(b["nodes"]), b["cls"]) for b in data["blocks"]]
             graph = cls.build(data["name"], nodes, blocks, data["method"])
         except (KeyError, TypeError) as e:
             raise GraphError(f"malformed serialised graph: missing or bad field {e}; "
