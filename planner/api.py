@@ -1,0 +1,125 @@
+"""`plan()`: capture -> cost -> solve -> Plan, trying every mesh shape the world size allows."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from cost_models.hardware import HardwareProfile, load_profile
+from cost_models.memory import BYTES_PER_PARAM
+from cost_models.mesh import Mesh, MeshError, candidate_meshes
+from planner.assemble import assemble_plan
+from planner.build import BuiltProblem, build_problem, expand_schemes
+from planner.capture import capture
+from planner.graph import ModelGraph
+from planner.plan_format import Plan
+from planner.solve import Solution, solve
+from planner.units import parse_bytes
+
+__all__ = ["plan", "InfeasibleError", "WorldSizeError", "resolve_world_size", "resolve_bytes_per_param"]
+
+
+class InfeasibleError(ValueError):
+    """No assignment fits the budget. `min_budget_bytes` is the smallest budget that fits."""
+
+    def __init__(self, message: str, min_budget_bytes: int | None):
+        super().__init__(message)
+        self.min_budget_bytes = min_budget_bytes
+
+
+class WorldSizeError(ValueError):
+    """A world size that is missing or unusable."""
+
+
+def resolve_world_size(world_size: int | None) -> int:
+    """The explicit world size, else the initialised process group's, else $WORLD_SIZE (torchrun)."""
+    if world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_world_size()
+        env = os.environ.get("WORLD_SIZE")
+        if env is None:
+            raise WorldSizeError("world_size is needed: pass world_size=N (or --world-size N), "
+                                 "or call plan() inside an initialised torch.distributed process group")
+        world_size = int(env) if env.isdigit() else env  # type: ignore[assignment]
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise WorldSizeError(f"world size must be a positive integer, got {world_size!r}")
+    return world_size
+
+
+def resolve_bytes_per_param(value: int | str) -> int:
+    if isinstance(value, str):
+        if value.isdigit():
+            value = int(value)
+        elif value in BYTES_PER_PARAM:
+            return BYTES_PER_PARAM[value]
+        else:
+            raise ValueError(f"bytes_per_param {value!r}: use a positive integer or one of "
+                             + ", ".join(f"{k} ({v})" for k, v in BYTES_PER_PARAM.items()))
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"bytes_per_param must be a positive integer, got {value!r}")
+    return value
+
+
+def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | None = None,
+         example_inputs: Sequence[Any] | None = None, input_shapes: Sequence[Any] | None = None,
+         hardware: str | HardwareProfile = "a100-80gb", schemes: Sequence[str] | str | None = None,
+         checkpointing: bool = True, bytes_per_param: int | str = 16, solver: str = "highs",
+         time_limit: float = 60.0, device: str | None = None, meshes: Sequence[Mesh] | None = None,
+         name: str | None = None, progress: bool = False) -> Plan:
+    """Plan `model` for `world_size` ranks under a per-rank memory `budget`.
+
+    budget: bytes, or a string such as "16GiB" / "80GB".
+    hardware: a built-in profile name ("a100-80gb", "h100-80gb", "cpu-gloo") or a profile JSON path.
+    schemes: restrict the heavy ops to these schemes ("1d" covers 1d_col and 1d_row); ops that have none
+        of them (embeddings, the loss) keep their own strategies.
+    checkpointing: let the solver checkpoint repeated blocks.
+    bytes_per_param: model-state bytes per parameter (16 fp32 Adam, 18 bf16 mixed precision, 2 inference)
+        or a preset name.
+    device: "cuda" or "cpu" semantics for saved activations (default: the hardware profile's).
+    meshes: the mesh shapes to try (default: every shape `candidate_meshes` allows).
+    Raises InfeasibleError (with the smallest feasible budget) when nothing fits.
+    """
+    budget_bytes = parse_bytes(budget)
+    n = resolve_world_size(world_size)
+    bpp = resolve_bytes_per_param(bytes_per_param)
+    hw = hardware if isinstance(hardware, HardwareProfile) else load_profile(hardware)
+    kind = device or hw.device
+    if kind not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {kind!r}")
+    allowed = expand_schemes(schemes)
+    t0 = time.perf_counter()
+    graph = model if isinstance(model, ModelGraph) else capture(model, example_inputs, input_shapes=input_shapes,
+                                                                name=name)
+    t_capture = time.perf_counter() - t0
+    mesh_list = list(meshes) if meshes is not None else candidate_meshes(n, hw.gpus_per_node)
+    for m in mesh_list:
+        if m.world_size != n:
+            raise MeshError(f"mesh {m} has {m.world_size} ranks but world_size is {n}")
+
+    best: tuple[BuiltProblem, Solution] | None = None
+    min_budget: int | None = None
+    for m in mesh_list:
+        built = build_problem(graph, m, hw, budget_bytes, device=kind, bytes_per_param=bpp, schemes=allowed,
+                              checkpointing=checkpointing)
+        sol = solve(built.problem, solver=solver, time_limit=time_limit, progress=progress)
+        if sol.status in ("optimal", "feasible"):
+            if best is None or sol.objective < best[1].objective - 1e-15:
+                best = (built, sol)
+        elif sol.status == "infeasible" and sol.min_feasible_budget is not None:
+            min_budget = sol.min_feasible_budget if min_budget is None else min(min_budget, sol.min_feasible_budget)
+    if best is None:
+        from planner.units import format_bytes
+
+        hint = f"; the smallest budget that fits is {format_bytes(min_budget)} ({min_budget} bytes)" \
+            if min_budget is not None else ""
+        raise InfeasibleError(f"no plan for {graph.name} on {n} ranks fits {format_bytes(budget_bytes)} per rank"
+                              + hint, min_budget)
+    built, sol = best
+    return assemble_plan(graph, built, sol, hw, budget_bytes=budget_bytes, device=kind, bytes_per_param=bpp,
+                         checkpointing=checkpointing, schemes=sorted(allowed) if allowed else None,
+                         seconds={"capture": t_capture, "total": time.perf_counter() - t0})

@@ -1,0 +1,259 @@
+"""From a captured graph to the solver's problem: enumerate, cost, group, and price the edges.
+
+Per mesh:
+1. Enumerate strategies for every op in execution order; an op's input candidates are the output
+   layouts its producers can produce (`cost_models.strategies.enumerate_strategies`).
+2. Group ops into *decisions*: a single-input op that can run in every layout its producer's group can
+   hand it (element-wise, shape ops, dropout, softmax, ...) joins that group and takes, for each of the
+   group's choices, the strategy that needs no conversion (Alpa's "follow" merging). Everything else is
+   its own decision.
+3. Price each choice of each decision (sum over its ops' `OpCost`s) and each edge between two decisions
+   (a matrix of redistribution costs over their choices).
+4. Map the captured repeated blocks onto decisions, with the bytes a checkpointed block keeps.
+
+The result is a `Problem` (plain numbers) plus a `BuiltProblem` that remembers which strategy every op
+takes under every choice, so a solution can be turned back into per-op assignments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cost_models.edges import edge_cost
+from cost_models.hardware import HardwareProfile
+from cost_models.layout import Layout
+from cost_models.mesh import Mesh
+from cost_models.ops import OpNode
+from cost_models.strategies import enumerate_strategies, op_cost
+from cost_models.strategy import HEAVY_SCHEMES, OpCost, Strategy
+from planner.graph import ModelGraph
+from planner.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode
+
+__all__ = ["BuiltProblem", "Decision", "build_problem", "expand_schemes", "SchemeError"]
+
+
+class SchemeError(ValueError):
+    """An unknown scheme name in `schemes=`."""
+
+
+def expand_schemes(schemes: list[str] | tuple[str, ...] | str | None) -> frozenset[str] | None:
+    """User scheme names -> strategy scheme names ("1d" covers 1d_col and 1d_row)."""
+    if schemes is None:
+        return None
+    if isinstance(schemes, str):
+        schemes = [s for s in schemes.split(",") if s.strip()]
+    out: set[str] = set()
+    for s in schemes:
+        s = s.strip()
+        if s == "1d":
+            out |= {"1d_col", "1d_row"}
+        elif s in HEAVY_SCHEMES:
+            out.add(s)
+        else:
+            raise SchemeError(f"unknown scheme {s!r}; use any of: 1d, " + ", ".join(HEAVY_SCHEMES))
+    if not out:
+        raise SchemeError("schemes= is empty; leave it out to allow every scheme")
+    return frozenset(out)
+
+
+@dataclass
+class Decision:
+    """A group of ops decided together: `members[k][c]` is the strategy index of member k under choice c."""
+
+    name: str
+    ops: list[str]
+    members: list[list[int]]
+    block: str | None
+
+
+@dataclass
+class BuiltProblem:
+    """A Problem plus what is needed to read its solution back."""
+
+    mesh: Mesh
+    problem: Problem
+    decisions: list[Decision]
+    strategies: dict[str, list[Strategy]]
+    costs: dict[str, list[OpCost]]
+    not_offered: dict[str, list[str]]
+    decision_of: dict[str, str]
+    unsupported: list[str] = field(default_factory=list)
+
+    def strategy_of(self, choice: dict[str, int]) -> dict[str, int]:
+        """Per-op strategy index for a per-decision choice."""
+        out: dict[str, int] = {}
+        for d in self.decisions:
+            c = choice[d.name]
+            for op, idx in zip(d.ops, d.members):
+                out[op] = idx[c]
+        return out
+
+
+def _out_layout(strategy: Strategy, producer: OpNode, consumer: OpNode) -> Layout:
+    if len(strategy.outputs) > 1 and consumer.kind == "getitem":
+        return strategy.outputs[int(consumer.attrs["index"])]
+    return strategy.outputs[0]
+
+
+def _restrict(op: OpNode, strategies: list[Strategy], reasons: list[str], allowed: frozenset[str] | None):
+    """Keep only allowed heavy schemes, when the op offers any of them."""
+    if allowed is None:
+        return strategies, reasons
+    keep = [s for s in strategies if s.scheme in allowed]
+    if not keep:
+        return strategies, reasons
+    dropped = sorted({s.scheme for s in strategies if s.scheme not in allowed})
+    if dropped:
+        reasons = reasons + [f"{', '.join(dropped)}: excluded by schemes={sorted(allowed)}"]
+    return keep, reasons
+
+
+def _join_producer(op: OpNode, found: list[Strategy], nodes: dict[str, OpNode],
+                   strategies: dict[str, list[Strategy]], decisions: dict[str, Decision],
+                   decision_of: dict[str, str]) -> bool:
+    """Merge `op` into the decision of its only multi-choice producer when its strategy is a function of
+    that input's layout (element-wise, shape ops, layer norm, softmax...): for each of the group's
+    choices `op` takes the strategy that needs no conversion of that input. Inputs from single-choice
+    decisions (constants, buffers) do not count; their conversions stay priced on their edges."""
+    free = [a for a, src in enumerate(op.inputs) if len(decisions[decision_of[src]].members[0]) > 1]
+    if len(free) != 1:
+        return False
+    a = free[0]
+    src = op.inputs[a]
+    group = decisions[decision_of[src]]
+    if group.block != op.block:
+        return False
+    by_input: dict[Layout | None, int] = {}
+    for i, s in enumerate(found):
+        if s.inputs[a] in by_input:
+            return False  # several strategies per input layout: a real decision
+        by_input[s.inputs[a]] = i
+    k = group.ops.index(src)
+    mapping = []
+    for c in range(len(group.members[0])):
+        need = _out_layout(strategies[src][group.members[k][c]], nodes[src], op)
+        if need not in by_input:
+            return False
+        mapping.append(by_input[need])
+    group.ops.append(op.name)
+    group.members.append(mapping)
+    decision_of[op.name] = group.name
+    return True
+
+
+def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_bytes: int, *,
+                  device: str = "cuda", bytes_per_param: int = 16, schemes: frozenset[str] | None = None,
+                  checkpointing: bool = True) -> BuiltProblem:
+    nodes = {n.name: n for n in graph.nodes}
+    strategies: dict[str, list[Strategy]] = {}
+    not_offered: dict[str, list[str]] = {}
+    costs: dict[str, list[OpCost]] = {}
+    decision_of: dict[str, str] = {}
+    decisions: dict[str, Decision] = {}
+    unsupported: list[str] = []
+
+    # --- 1 + 2: enumerate in execution order and group followers -------------------------------
+    for op in graph.nodes:
+        cands: list[list[Layout]] = []
+        for src in op.inputs:
+            prod = nodes[src]
+            seen: dict[Layout, None] = {}
+            for s in strategies[src]:
+                seen[_out_layout(s, prod, op)] = None
+            cands.append(list(seen))
+        found, reasons = enumerate_strategies(op, mesh, cands)
+        found, reasons = _restrict(op, found, reasons, schemes)
+        if not found:
+            raise AssertionError(f"no strategy at all for {op.name} ({op.kind}); the cost model must offer one")
+        if op.kind == "other":
+            unsupported.append(op.name)
+        strategies[op.name] = found
+        not_offered[op.name] = reasons
+        costs[op.name] = [op_cost(op, s, mesh, hw, device=device, bytes_per_param=bytes_per_param) for s in found]
+
+        joined = _join_producer(op, found, nodes, strategies, decisions, decision_of)
+        if not joined:
+            decisions[op.name] = Decision(op.name, [op.name], [list(range(len(found)))], op.block)
+            decision_of[op.name] = op.name
+
+    # --- 3: price choices and edges --------------------------------------------------------------
+    pnodes: list[ProblemNode] = []
+    for d in decisions.values():
+        choices = []
+        for c in range(len(d.members[0])):
+            oc = [costs[op][idx[c]] for op, idx in zip(d.ops, d.members)]
+            saved: dict[str, int] = {}
+            for cost in oc:
+                for t in cost.saved:
+                    saved[t.key] = t.bytes
+            choices.append(Choice(
+                time_s=sum(x.time_s for x in oc),
+                recompute_s=sum(x.recompute_s for x in oc),
+                state_bytes=sum(x.param_elems for x in oc) * bytes_per_param,
+                saved_bytes=sum(saved.values()),
+                transient_bytes=max((x.transient_bytes for x in oc), default=0),
+            ))
+        pnodes.append(ProblemNode(d.name, choices, d.block))
+
+    edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    memo: dict[tuple, tuple[float, float]] = {}
+    for op in graph.nodes:
+        dv = decisions[decision_of[op.name]]
+        kv = dv.ops.index(op.name)
+        for arg, src in enumerate(op.inputs):
+            du = decisions[decision_of[src]]
+            if du is dv:
+                continue
+            ku = du.ops.index(src)
+            prod = nodes[src]
+            meta = op.input_meta[arg]
+            nu, nv = len(du.members[0]), len(dv.members[0])
+            cost = np.zeros((nu, nv))
+            rec = np.zeros((nu, nv))
+            for i in range(nu):
+                lu = _out_layout(strategies[src][du.members[ku][i]], prod, op)
+                for j in range(nv):
+                    lv = strategies[op.name][dv.members[kv][j]].inputs[arg]
+                    if lv is None or lu == lv:
+                        continue
+                    key = (meta.shape, meta.dtype, lu, lv)
+                    if key not in memo:
+                        ec = edge_cost(meta, lu, lv, mesh, hw)
+                        memo[key] = (ec.seconds, ec.fwd_seconds)
+                    cost[i, j], rec[i, j] = memo[key]
+            if not cost.any() and not rec.any():
+                continue
+            pair = (du.name, dv.name)
+            if pair in edge_mats:
+                edge_mats[pair][0][:] += cost
+                edge_mats[pair][1][:] += rec
+            else:
+                edge_mats[pair] = (cost, rec)
+    pedges = [ProblemEdge(u, v, c, r) for (u, v), (c, r) in edge_mats.items()]
+
+    # --- 4: blocks ---------------------------------------------------------------------------------
+    pblocks: list[Block] = []
+    for b in graph.blocks:
+        members = list(dict.fromkeys(decision_of[n] for n in b.nodes if n in decision_of))
+        members = [m for m in members if decisions[m].block == b.name]
+        if not members:
+            continue
+        inside = set(b.nodes)
+        feeders = [src for n in b.nodes if n in nodes for src in nodes[n].inputs if src not in inside]
+        input_node, input_bytes = None, []
+        if feeders:
+            src = feeders[0]
+            du = decisions[decision_of[src]]
+            ku = du.ops.index(src)
+            input_node = du.name
+            meta = nodes[src].out
+            for c in range(len(du.members[0])):
+                lay = strategies[src][du.members[ku][c]].outputs[0]
+                input_bytes.append(lay.local_numel(meta.shape, mesh) * meta.itemsize)
+        pblocks.append(Block(b.name, members, input_node, input_bytes, b.cls))
+
+    problem = Problem(pnodes, pedges, pblocks, int(budget_bytes), checkpointing=checkpointing)
+    return BuiltProblem(mesh, problem, list(decisions.values()), strategies, costs, not_offered,
+                        decision_of, unsupported)
