@@ -9,7 +9,8 @@ all-reduce, the local tensor of an all-to-all or broadcast):
     broadcast                                alpha ceil(log2 n)   + beta B
 
 alpha and beta are those of the intra-node link when every group over the collective's axes stays inside
-one node (`Mesh.is_intra_node`), else of the inter-node link; a profile may override them per collective.
+one node (`Mesh.is_intra_node`), else of the inter-node link; a profile may override them per collective
+and per (collective, group size).
 A group of one rank costs nothing.
 """
 
@@ -57,7 +58,7 @@ def collective_seconds(c: Collective, mesh: Mesh, hw: HardwareProfile) -> float:
     n = mesh.size(c.axes)
     if n == 1:
         return 0.0
-    alpha, beta = hw.alpha_beta(link_of(c.axes, mesh), c.kind)
+    alpha, beta = hw.alpha_beta(link_of(c.axes, mesh), c.kind, n)
     return ring_seconds(c.kind, n, c.bytes, alpha, beta)
 
 

@@ -47,6 +47,8 @@ class HardwareProfile:
     inter_alpha / inter_beta: the same for groups that cross nodes.
     overrides: {(link, collective kind): (alpha, beta)} measured per collective; they win over the
         per-link defaults.
+    group_overrides: {(link, collective kind, group size): (alpha, beta)} measured for one group size
+        (`planner calibrate` fits each group size it timed); they win over `overrides` for that size.
     """
 
     name: str
@@ -62,6 +64,7 @@ class HardwareProfile:
     inter_alpha: float
     inter_beta: float
     overrides: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    group_overrides: dict[tuple[str, str, int], tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -69,10 +72,12 @@ class HardwareProfile:
         object.__setattr__(self, "_canonical", json.dumps(self.to_json(), sort_keys=True))
 
     # --- queries -------------------------------------------------------------------------------
-    def alpha_beta(self, link: str, kind: str) -> tuple[float, float]:
-        """(alpha, beta) of collective `kind` over a group on `link` ("intra" or "inter")."""
+    def alpha_beta(self, link: str, kind: str, n: int | None = None) -> tuple[float, float]:
+        """(alpha, beta) of collective `kind` over a group of `n` ranks on `link` ("intra" or "inter")."""
         if link not in LINKS:
             raise ProfileError(f"link must be one of {LINKS}, got {link!r}")
+        if n is not None and (link, kind, n) in self.group_overrides:
+            return self.group_overrides[(link, kind, n)]
         if (link, kind) in self.overrides:
             return self.overrides[(link, kind)]
         return (self.intra_alpha, self.intra_beta) if link == "intra" else (self.inter_alpha, self.inter_beta)
@@ -97,7 +102,7 @@ class HardwareProfile:
 
     # --- JSON ----------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name, "source": self.source, "device": self.device,
             "gpus_per_node": self.gpus_per_node, "memory_bytes": self.memory_bytes,
             "peak_flops": dict(self.peak_flops), "efficiency": self.efficiency,
@@ -106,6 +111,10 @@ class HardwareProfile:
             "inter_alpha": self.inter_alpha, "inter_beta": self.inter_beta,
             "overrides": {f"{link}:{kind}": [a, b] for (link, kind), (a, b) in sorted(self.overrides.items())},
         }
+        if self.group_overrides:  # only when present, so profiles without them keep their exact JSON
+            out["group_overrides"] = {f"{link}:{kind}:{n}": [a, b]
+                                      for (link, kind, n), (a, b) in sorted(self.group_overrides.items())}
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> HardwareProfile:
@@ -127,6 +136,18 @@ class HardwareProfile:
             if not isinstance(value, (list, tuple)) or len(value) != 2:
                 raise ProfileError(f"override {key!r} must be [alpha, beta], got {value!r}")
             overrides[(link, kind)] = (_num(value[0], f"overrides[{key}][0]"), _num(value[1], f"overrides[{key}][1]"))
+        group_overrides: dict[tuple[str, str, int], tuple[float, float]] = {}
+        raw = data.get("group_overrides", {}) or {}
+        if not isinstance(raw, dict):
+            raise ProfileError("'group_overrides' must be an object like {\"intra:all_reduce:8\": [alpha, beta]}")
+        for key, value in raw.items():
+            link, kind, size = (str(key).split(":") + ["", ""])[:3]
+            if not size.isdigit():
+                raise ProfileError(f"group override {key!r} must be named <link>:<kind>:<group size>")
+            if not isinstance(value, (list, tuple)) or len(value) != 2:
+                raise ProfileError(f"group override {key!r} must be [alpha, beta], got {value!r}")
+            group_overrides[(link, kind, int(size))] = (_num(value[0], f"group_overrides[{key}][0]"),
+                                                        _num(value[1], f"group_overrides[{key}][1]"))
         if not isinstance(data["peak_flops"], dict):
             raise ProfileError("'peak_flops' must be an object like {\"bf16\": 3.12e14, \"fp32\": 1.95e13}")
         try:
@@ -139,7 +160,7 @@ class HardwareProfile:
                 mem_bandwidth=_num(data["mem_bandwidth"], "mem_bandwidth"),
                 intra_alpha=_num(data["intra_alpha"], "intra_alpha"), intra_beta=_num(data["intra_beta"], "intra_beta"),
                 inter_alpha=_num(data["inter_alpha"], "inter_alpha"), inter_beta=_num(data["inter_beta"], "inter_beta"),
-                overrides=overrides,
+                overrides=overrides, group_overrides=group_overrides,
             )
         except TypeError as e:  # pragma: no cover - every field is passed explicitly above
             raise ProfileError(f"malformed hardware profile: {e}") from None
@@ -195,10 +216,15 @@ def _validate(p: HardwareProfile) -> None:
         raise ProfileError(f"profile {p.name!r}: mem_bandwidth must be positive bytes/s, got {p.mem_bandwidth}")
     pairs = {"intra": (p.intra_alpha, p.intra_beta), "inter": (p.inter_alpha, p.inter_beta)}
     pairs.update({f"{link}:{kind}": ab for (link, kind), ab in p.overrides.items()})
+    pairs.update({f"{link}:{kind}:{n}": ab for (link, kind, n), ab in p.group_overrides.items()})
     for (link, kind) in p.overrides:
         if link not in LINKS or kind not in _COLLECTIVES:
             raise ProfileError(f"profile {p.name!r}: override key {link}:{kind} must be <link>:<kind> with link in "
                                f"{LINKS} and kind in {_COLLECTIVES}")
+    for (link, kind, n) in p.group_overrides:
+        if link not in LINKS or kind not in _COLLECTIVES or isinstance(n, bool) or not isinstance(n, int) or n < 2:
+            raise ProfileError(f"profile {p.name!r}: group override key {link}:{kind}:{n} must be "
+                               f"<link>:<kind>:<group size >= 2> with link in {LINKS} and kind in {_COLLECTIVES}")
     for what, (alpha, beta) in pairs.items():
         if not (alpha >= 0 and math.isfinite(alpha)):
             raise ProfileError(f"profile {p.name!r}: alpha of {what} must be >= 0 seconds, got {alpha}")
