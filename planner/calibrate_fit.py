@@ -4,8 +4,8 @@ The planner prices a collective of kind k over n ranks and B bytes (ARCHITECTURE
 
     time = a(k, n, B) * alpha + b(k, n, B) * beta
 
-with the ring formulas: all-gather, reduce-scatter and all-to-all a = n - 1, b = B (n - 1) / n; all-reduce
-twice that; broadcast a = ceil(log2 n), b = B. Calibration measures times over many (n, B) and solves for
+with the ring formulas of `cost_models.comm`: all-gather, reduce-scatter and all-to-all a = n - 1,
+b = B (n - 1) / n; all-reduce twice that; broadcast a = ceil(log2 n), b = B. Calibration measures times over many (n, B) and solves for
 (alpha, beta) by least squares on exactly these terms, so the fitted numbers plug straight into the cost
 model. Pure functions of plain data: no process group, no tensors.
 
@@ -20,12 +20,12 @@ enforced (the best fit on the boundary when the free fit leaves it).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.comm import CommError, ring_seconds
 from cost_models.redistribution import COLLECTIVE_KINDS
 
 __all__ = ["MIN_BETA", "Sample", "Fit", "FitError", "model_terms", "predict_seconds", "fit_alpha_beta", "format_fit_table"]
@@ -71,21 +71,14 @@ class Fit:
 
 
 def model_terms(kind: str, n: int, nbytes: float) -> tuple[float, float]:
-    """The (alpha, beta) coefficients of the cost model's formula for one collective.
-
-    Mirrors `cost_models.comm` (docs/ARCHITECTURE.md "Bytes convention"); tests check the two agree.
-    """
+    """The (alpha, beta) coefficients of the cost model's formula for one collective: evaluated through
+    `cost_models.comm.ring_seconds` itself, so a fit on them is a fit of exactly what the planner prices."""
     if kind not in COLLECTIVE_KINDS:
         raise FitError(f"unknown collective kind {kind!r}; expected one of {', '.join(COLLECTIVE_KINDS)}")
-    if n < 1 or nbytes < 0:
-        raise FitError(f"group size must be >= 1 and bytes >= 0, got n={n}, bytes={nbytes}")
-    if n == 1:
-        return 0.0, 0.0
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return float(n - 1), nbytes * (n - 1) / n
-    if kind == "all_reduce":
-        return 2.0 * (n - 1), 2.0 * nbytes * (n - 1) / n
-    return float(math.ceil(math.log2(n))), float(nbytes)  # broadcast
+    try:
+        return ring_seconds(kind, n, nbytes, 1.0, 0.0), ring_seconds(kind, n, nbytes, 0.0, 1.0)
+    except CommError as e:
+        raise FitError(str(e)) from None
 
 
 def predict_seconds(kind: str, n: int, nbytes: float, alpha: float, beta: float) -> float:

@@ -1,0 +1,275 @@
+"""Running `planner calibrate`: set up the process group, measure, fit, and write the profile.
+
+`calibrate(config)` measures (on every rank, identical results everywhere); `fit_calibration` fits alpha
+and beta per (link, collective), pooled over the mesh axes of that link, which is what a HardwareProfile
+stores, and per (mesh axis, collective) for diagnosis; `build_profile` turns the base profile and the
+measurements into the calibrated profile; `run` does all of it and has rank 0 write the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from typing import TextIO
+
+import torch
+import torch.distributed as dist
+
+from cost_models.hardware import LINKS, PEAK_DTYPES, HardwareProfile, load_profile
+from cost_models.mesh import candidate_meshes
+from planner.calibrate import CalibrateConfig, CalibrateError
+from planner.calibrate_fit import MIN_BETA, Fit, FitError, Sample, fit_alpha_beta, format_fit_table
+from planner.calibrate_measure import (
+    Series,
+    axis_groups,
+    measure_copy_bandwidth,
+    measure_matmul_flops,
+    time_series,
+)
+
+__all__ = ["Calibration", "FitRow", "calibrate", "fit_calibration", "build_profile", "run", "write_samples"]
+
+# R^2 below this is flagged in the output (the profile is still written: a poor fit beats a datasheet guess
+# only sometimes, and the table says which).
+R2_WARNING = 0.9
+FitRow = tuple[str, str, "Fit | None", str]
+
+
+@dataclass
+class Calibration:
+    """Everything measured, identical on every rank."""
+
+    world_size: int
+    ranks_per_node: int
+    device: str  # "cuda" or "cpu"
+    device_name: str
+    backend: str
+    series: list[Series] = field(default_factory=list)
+    matmul_flops: dict[str, float] = field(default_factory=dict)  # PEAK_DTYPES key -> FLOP/s per rank
+    matmul_size: int = 0
+    copy_bandwidth: float = 0.0  # bytes/s per rank (read + write)
+    seconds: float = 0.0
+
+
+def _default_base(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu-gloo"
+    name = torch.cuda.get_device_name(device)
+    return "h100-80gb" if ("H100" in name or "H200" in name) else "a100-80gb"
+
+
+def _init_process_group(timeout_s: float) -> bool:
+    """Initialise torch.distributed from torchrun's environment (or as a single rank); True if created here."""
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                timeout=timedelta(seconds=timeout_s))
+    return True
+
+
+def _device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _ranks_per_node(world: int) -> int:
+    """Ranks on this node: torchrun's LOCAL_WORLD_SIZE, else (one host, e.g. forked test ranks) the world."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(local) if local.isdigit() and int(local) > 0 else world
+
+
+def calibrate(config: CalibrateConfig) -> Calibration:
+    """Measure collectives on every mesh axis, matmul FLOP/s and copy bandwidth.
+
+    Call on every rank of an initialised process group; every rank returns the same Calibration.
+    """
+    t0 = time.perf_counter()
+    device = _device()
+    world = dist.get_world_size()
+    rpn = _ranks_per_node(world)
+    meshes = config.meshes if config.meshes is not None else tuple(candidate_meshes(world, rpn))
+    for m in meshes:
+        if m.world_size != world:
+            raise CalibrateError(f"mesh {m} has {m.world_size} ranks but the process group has {world}")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    cal = Calibration(world, rpn, device.type, name, dist.get_backend())
+    cal.series = time_series(axis_groups(meshes, config.every_group), config.kinds, min_bytes=config.min_bytes,
+                             max_bytes=config.max_bytes, growth=config.growth, warmup=config.warmup,
+                             reps=config.reps, passes=config.passes, budget_s=config.time_budget_s,
+                             timeout_s=config.timeout_s, device=device)
+    if device.type == "cuda":
+        # 8192^3 bf16 is ~1 TFLOP: a few ms on an A100/H100, large enough for full tensor-core rate.
+        cal.matmul_size, dtypes = 8192, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+        copy_bytes = 2**30
+    else:
+        # CPU fp16 matmuls have no fast kernel (about 0.5 GFLOP/s): not measured, the base's number stays.
+        cal.matmul_size, dtypes = 512, {"fp32": torch.float32, "bf16": torch.bfloat16}
+        copy_bytes = 64 * 2**20
+    for key, dtype in dtypes.items():
+        cal.matmul_flops[key] = measure_matmul_flops(dtype, device, cal.matmul_size, config.compute_seconds)
+    cal.copy_bandwidth = measure_copy_bandwidth(copy_bytes, device, config.compute_seconds)
+    cal.seconds = time.perf_counter() - t0
+    return cal
+
+
+FitKey = tuple  # (link, kind) pooled over group sizes, (link, kind, n) for one size, (link, "*") all kinds
+
+
+def _fit_row(label: str, kind: str, samples: list[Sample], note: str = "") -> tuple[Fit | None, FitRow]:
+    try:
+        fit = fit_alpha_beta(samples)
+    except FitError as e:
+        return None, (label, kind, None, f"{note}: {e}" if note else str(e))
+    if fit.beta <= MIN_BETA:
+        return None, (label, kind, fit, "no bandwidth signal: not written")
+    return fit, (label, kind, fit, note)
+
+
+def fit_calibration(cal: Calibration) -> tuple[dict[FitKey, Fit], list[FitRow]]:
+    """Fit alpha and beta on the measured samples.
+
+    Keys of the returned fits (what the profile stores): (link, kind, n) per group size, (link, kind)
+    pooled over the group sizes of that link (used for sizes not measured), (link, "*") pooled over every
+    collective (the link's default). Table rows follow the same order, then one row per mesh axis for
+    group sizes timed on several axes (diagnosis: those axes are pooled in the rows above).
+    """
+    fits: dict[FitKey, Fit] = {}
+    rows: list[FitRow] = []
+    by_key: dict[FitKey, list[Sample]] = {}
+    axes_of: dict[tuple[str, int], list[Series]] = {}
+    for s in cal.series:
+        for key in ((s.axis.link, s.kind, s.axis.n), (s.axis.link, s.kind), (s.axis.link, "*")):
+            by_key.setdefault(key, []).extend(s.samples)
+        axes_of.setdefault((s.axis.link, s.axis.n), []).append(s)
+    for key in sorted(by_key, key=lambda k: (k[0], len(k) == 2, k[1] == "*", -k[2] if len(k) == 3 else 0, k[1])):
+        link, kind = key[0], key[1]
+        label = f"{link} n={key[2]}" if len(key) == 3 else f"{link} any n"
+        top = max(x.nbytes for x in by_key[key])
+        fit, row = _fit_row(label, "(all kinds)" if kind == "*" else kind, by_key[key], f"<= {_size(top)}")
+        rows.append(row)
+        if fit is not None:
+            fits[key] = fit
+    for _, group in sorted(axes_of.items()):
+        if len({s.axis.label for s in group}) < 2:
+            continue
+        for s in group:
+            top = max(x.nbytes for x in s.samples)
+            rows.append(_fit_row(f"  {s.axis.label}", s.kind, s.samples, f"<= {_size(top)} ({s.stopped})")[1])
+    return fits, rows
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def build_profile(base: HardwareProfile, cal: Calibration, fits: dict[FitKey, Fit]) -> HardwareProfile:
+    """The calibrated profile: `base` with the measured numbers in place of its own.
+
+    Measured matmul rates become the achievable rate (peak_flops = measured, efficiency = 1); dtypes not
+    measured keep the base's achievable rate (peak x efficiency). Each link that was measured gets its
+    all-collectives fit as its default alpha/beta, one override per fitted collective (pooled over group
+    sizes, for sizes not timed) and one group override per (collective, group size) timed; a link that was
+    not measured (the inter-node link on one node) keeps the base's numbers, as does anything not fitted.
+    """
+    peaks = {d: v * base.efficiency for d, v in base.peak_flops.items()}
+    peaks.update({d: v for d, v in cal.matmul_flops.items() if d in PEAK_DTYPES})
+    link_ab = {"intra": (base.intra_alpha, base.intra_beta), "inter": (base.inter_alpha, base.inter_beta)}
+    overrides = dict(base.overrides)
+    group_overrides = dict(base.group_overrides)
+    for key, fit in fits.items():
+        if len(key) == 3:
+            group_overrides[key] = (fit.alpha, fit.beta)
+        elif key[1] == "*":
+            link_ab[key[0]] = (fit.alpha, fit.beta)
+        else:
+            overrides[key] = (fit.alpha, fit.beta)
+    measured_links = sorted({key[0] for key in fits})
+    if cal.device == "cuda":
+        gpus_per_node = torch.cuda.device_count() if torch.cuda.is_available() else cal.ranks_per_node
+        memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    else:
+        gpus_per_node, memory = max(base.gpus_per_node, cal.ranks_per_node), base.memory_bytes
+    kept = [link for link in LINKS if link not in measured_links]
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    source = (f"measured by planner calibrate on {socket.gethostname()} at {stamp}: {cal.world_size} ranks "
+              f"({cal.ranks_per_node} per node), {cal.backend} on {cal.device_name}, torch {torch.__version__}; "
+              f"matmul {cal.matmul_size}^3 and copy bandwidth per rank with every rank busy; collectives "
+              f"fitted per link and kind on the cost model's alpha-beta terms"
+              + (f"; {' and '.join(kept)} link not measured (kept from the base)" if kept else "")
+              + f". Base profile {base.name}: {base.source}")
+    return replace(base, name=f"{base.name}-calibrated", source=source, device=cal.device,
+                   gpus_per_node=gpus_per_node, memory_bytes=memory, peak_flops=peaks, efficiency=1.0,
+                   mem_bandwidth=cal.copy_bandwidth, intra_alpha=link_ab["intra"][0], intra_beta=link_ab["intra"][1],
+                   inter_alpha=link_ab["inter"][0], inter_beta=link_ab["inter"][1], overrides=overrides,
+                   group_overrides=group_overrides)
+
+
+def write_samples(cal: Calibration, path: str) -> None:
+    """Every measured point as CSV (mesh, axes, link, n, kind, bytes, seconds), for plots and audits."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["mesh", "axes", "link", "n", "kind", "bytes", "seconds"])
+        for s in cal.series:
+            for x in s.samples:
+                w.writerow([str(s.axis.mesh), "".join(s.axis.axes), s.axis.link, x.n, x.kind, x.nbytes, repr(x.seconds)])
+
+
+def _summary(cal: Calibration, profile: HardwareProfile, out: str) -> str:
+    flops = ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in cal.matmul_flops.items())
+    return (f"{cal.world_size} ranks ({cal.ranks_per_node} per node, {cal.backend} on {cal.device_name}); "
+            f"matmul {cal.matmul_size}^3 per rank: {flops}; copy bandwidth per rank "
+            f"{cal.copy_bandwidth / 1e9:.2f} GB/s; measured in {cal.seconds:.1f} s\n"
+            f"wrote profile {profile.name!r} to {out}")
+
+
+def run(config: CalibrateConfig, out: str, *, samples_out: str | None = None,
+        echo: TextIO | None = None) -> HardwareProfile:
+    """Calibrate on every rank; rank 0 writes `out` (atomically) and prints the fit table and a summary.
+
+    Initialises the process group from torchrun's environment when none exists (and destroys it after).
+    `echo`: where rank 0 prints (default stdout). Returns the profile on every rank.
+    """
+    created = _init_process_group(config.timeout_s)
+    try:
+        device = _device()
+        base = load_profile(config.base or _default_base(device))
+        cal = calibrate(config)
+        fits, rows = fit_calibration(cal)
+        profile = build_profile(base, cal, fits)
+        if dist.get_rank() == 0:
+            profile.save(out, atomic=True)
+            if samples_out:
+                write_samples(cal, samples_out)
+            stream = echo if echo is not None else sys.stdout
+            if rows:
+                print(format_fit_table(rows), file=stream)
+            else:
+                print("no communicator group of more than one rank: no collective timed", file=stream)
+            for label, kind, fit, _ in rows:
+                if not label.startswith(" ") and fit is not None and kind != "(all kinds)" and fit.r2 < R2_WARNING:
+                    print(f"warning: {label} {kind}: R^2 {fit.r2:.3f} < {R2_WARNING}; the measurements are noisy "
+                          "or the collective does not follow the alpha-beta model on this link", file=stream)
+            print(_summary(cal, profile, out), file=stream)
+        dist.barrier()
+        return profile
+    finally:
+        if created:
+            dist.destroy_process_group()
