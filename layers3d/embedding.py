@@ -36,6 +36,29 @@ Axes = tuple[str, ...]
 EMBEDDING_SCHEMES = ("replicate", "fsdp", "vocab", "hidden", "1d_col")  # "1d_col": the cost model's name for hidden
 
 
+class _VocabLookup(torch.autograd.Function):
+    """Rows [lo, lo + rows) of the table: W[ids - lo] where ids fall in the range, 0 elsewhere. Saves only
+    the ids (as an embedding does); the range mask is recomputed in backward."""
+
+    @staticmethod
+    def forward(ctx, ids: torch.Tensor, w: torch.Tensor, lo: int, padding_idx: int | None) -> torch.Tensor:
+        inside = (ids >= lo) & (ids < lo + w.shape[0])
+        y = F.embedding(torch.where(inside, ids - lo, torch.zeros_like(ids)), w)    # (*tok, H)
+        ctx.lo, ctx.padding_idx, ctx.rows = lo, padding_idx, w.shape[0]
+        ctx.save_for_backward(ids)
+        return y.masked_fill_(~inside[..., None], 0.0)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor) -> tuple[None, torch.Tensor, None, None]:
+        (ids,) = ctx.saved_tensors
+        keep = (ids >= ctx.lo) & (ids < ctx.lo + ctx.rows)
+        if ctx.padding_idx is not None:
+            keep &= ids != ctx.padding_idx
+        dw = dy.new_zeros(ctx.rows, dy.shape[-1])
+        dw.index_add_(0, (ids[keep] - ctx.lo), dy[keep])
+        return None, dw, None, None
+
+
 class ParallelEmbedding(nn.Module):
     """An embedding table split over a device mesh (see the module docstring).
 
@@ -123,12 +146,7 @@ class ParallelEmbedding(nn.Module):
         if self.scheme in ("replicate", "hidden"):
             return F.embedding(ids, w, self.padding_idx)
         # vocab-parallel: look up the rows in [lo, hi), zeros elsewhere, then sum over T.
-        rows = w.shape[0]
-        lo = m.group_rank(self.axes) * rows
-        inside = (ids >= lo) & (ids < lo + rows)
-        local_ids = torch.where(inside, ids - lo, torch.zeros_like(ids))
-        pad = self.padding_idx - lo if self.padding_idx is not None and lo <= self.padding_idx < lo + rows else None
-        y = F.embedding(local_ids, w, pad).masked_fill(~inside[..., None], 0.0)   # (*tok, H), partial over T
+        y = _VocabLookup.apply(ids, w, m.group_rank(self.axes) * w.shape[0], self.padding_idx)  # partial over T
         if self.sp:
             if ids.dim() < 1:
                 raise ShardingError("a sequence-parallel embedding needs ids with a sequence dim")

@@ -40,17 +40,21 @@ class _VocabParallelCE(torch.autograd.Function):
         sumexp = all_reduce(ez.sum(-1), vocab, mesh, tag="stats")                # (*tok,)
         local = torch.stack([((sumexp.log() - picked) * valid).sum(), valid.sum().to(torch.float32)])
         total = all_reduce(local, tokens, mesh, tag="output")                    # (2,): loss sum, count
-        ctx.save_for_backward(ez / sumexp[..., None], local_t, mine, valid, total[1])  # softmax (*tok, V/T)
-        ctx.dtype = logits.dtype
+        # Saved: the softmax in the logits' dtype and the targets; the masks are recomputed in backward.
+        ctx.save_for_backward((ez / sumexp[..., None]).to(logits.dtype), target)       # (*tok, V/T), (*tok,)
+        ctx.lo, ctx.ignore_index, ctx.count = lo, ignore_index, total[1]  # a 0-dim tensor: no device sync
         return total[0] / total[1]
 
     @staticmethod
     def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None, None]:
-        softmax, local_t, mine, valid, count = ctx.saved_tensors
-        grad = softmax.clone()
+        softmax, target = ctx.saved_tensors
+        grad = softmax.float()
+        valid = target != ctx.ignore_index
+        mine = valid & (target >= ctx.lo) & (target < ctx.lo + grad.shape[-1])
+        local_t = torch.where(mine, target - ctx.lo, torch.zeros_like(target))
         grad.scatter_add_(-1, local_t[..., None], -mine[..., None].to(grad.dtype))
-        grad = grad * (valid[..., None] * (g / count))
-        return grad.to(ctx.dtype), None, None, None, None, None
+        grad = grad * (valid[..., None] * (g.float() / ctx.count))
+        return grad.to(softmax.dtype), None, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mesh: DeviceMesh, *,

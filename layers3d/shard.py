@@ -49,7 +49,8 @@ def check_divisible(size: int, axes: Sequence[str], mesh: Mesh, what: str, fix: 
 
 def local_block(full: torch.Tensor, dims: Sequence[Axes], mesh: Mesh, rank: int, *, interleave: int = 1,
                 interleave_dim: int = -1) -> torch.Tensor:
-    """The block of `full` that `rank` holds when dim d is split over dims[d]."""
+    """The block of `full` that `rank` holds when dim d is split over dims[d], as a new tensor (never a
+    view that would keep `full` alive)."""
     if len(dims) != full.dim():
         raise ShardingError(f"placement {tuple(dims)} has {len(dims)} dims but the tensor has shape {tuple(full.shape)}")
     out = full
@@ -65,7 +66,7 @@ def local_block(full: torch.Tensor, dims: Sequence[Axes], mesh: Mesh, rank: int,
             out = split_chunks(out, -1, mesh.size(axes), k)[block_index(axes, mesh, rank)].movedim(-1, d)
         else:
             out = out.chunk(mesh.size(axes), d)[block_index(axes, mesh, rank)]
-    return out.contiguous()
+    return out.clone(memory_format=torch.contiguous_format)
 
 
 def shard_tensor(full: torch.Tensor, layout: Layout, mesh: Mesh, rank: int) -> torch.Tensor:

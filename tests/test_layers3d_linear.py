@@ -16,6 +16,7 @@ from transformers.pytorch_utils import Conv1D  # imported before forking: heavy
 from cost_models.mesh import Mesh
 from cost_models.strategy import Collective
 from tests.distributed import run_ranks
+from tests.layers3d_helpers import SavedBytes, rel_err
 
 pytestmark = pytest.mark.distributed
 
@@ -154,10 +155,6 @@ def expected_collectives(c: Case) -> list[Collective]:
     return out
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-30))
-
-
 def _check_case(c: Case, dm, rank: int, ckpt: bool) -> list[Collective]:
     from layers3d import CommCounter, ParallelLinear, checkpoint, local_block, shard_tensor
     from layers3d.linear_plan import LinearScheme
@@ -181,24 +178,25 @@ def _check_case(c: Case, dm, rank: int, ckpt: bool) -> list[Collective]:
     xl, yl = layer.input_layout(shape_x), layer.output_layout(shape_y)
     x = shard_tensor(x_full.detach(), xl, mesh, rank).requires_grad_()
     with CommCounter() as cc:
-        y = checkpoint(layer, x) if ckpt else layer(x)
+        with SavedBytes(exclude=layer.parameters()) as saved:
+            y = checkpoint(layer, x) if ckpt else layer(x)
         y.backward(shard_tensor(g_full, yl, mesh, rank))
     where = f"{c} ckpt={ckpt} rank {rank}"
-    assert _rel(y, shard_tensor(y_full, yl, mesh, rank)) <= 1e-5, where
-    assert _rel(x.grad, shard_tensor(x_full.grad, xl, mesh, rank)) <= 1e-5, where
+    assert rel_err(y, shard_tensor(y_full, yl, mesh, rank)) <= 1e-5, where
+    assert rel_err(x.grad, shard_tensor(x_full.grad, xl, mesh, rank)) <= 1e-5, where
     w_grad = local_block(dense.weight.grad, layer.weight_dims, mesh, rank, interleave=layer.geometry.w_interleave,
                          interleave_dim=layer.weight_interleave_dim)
-    assert _rel(layer.weight.grad, w_grad) <= 1e-5, where
+    assert rel_err(layer.weight.grad, w_grad) <= 1e-5, where
     if c.bias:
         b_grad = local_block(dense.bias.grad, (layer.geometry.y_feat,), mesh, rank, interleave=c.interleave)
-        assert _rel(layer.bias.grad, b_grad) <= 1e-5, where
+        assert rel_err(layer.bias.grad, b_grad) <= 1e-5, where
     else:
         assert layer.bias is None
     if not ckpt:
         state = layer.dense_state_dict()
         assert state.keys() == dense.state_dict().keys(), where
         assert all(torch.equal(state[key], v) for key, v in dense.state_dict().items()), where
-    return cc.records
+    return cc.records, saved.bytes
 
 
 def _check_all(rank: int) -> dict:
@@ -208,7 +206,7 @@ def _check_all(rank: int) -> dict:
     records = {}
     for i, c in enumerate(cases()):
         for ckpt in (False, True):
-            records[(i, ckpt)] = _check_case(c, meshes[c.mesh], rank, ckpt)
+            records[(i, ckpt)], records[("saved", i, ckpt)] = _check_case(c, meshes[c.mesh], rank, ckpt)
     return records
 
 
@@ -277,7 +275,11 @@ def test_layouts_and_collectives_equal_the_cost_model(measured: list[dict]) -> N
         assert params["weight"].dims == w_dims, (c, strategy)
         if c.bias:
             assert params["bias"] == Layout((geo.y_feat,), interleave=c.interleave if geo.y_feat else 1), c
-        predicted = list(op_cost(op, strategy, mesh, hw, device="cpu").collectives)
+        cost = op_cost(op, strategy, mesh, hw, device="cpu")
+        predicted = list(cost.collectives)
+        x_bytes = 4 * math.prod(geo.x_layout(c.tokens + (c.k,)).local_shape(c.tokens + (c.k,), mesh))
         for rank, res in enumerate(measured):
+            assert res[("saved", i, False)] == cost.saved_bytes, (c, rank, res[("saved", i, False)], cost.saved)
+            assert res[("saved", i, True)] == x_bytes, (c, rank)  # checkpointed: only the input is kept
             assert Counter(res[(i, False)]) == Counter(predicted), (c, rank, res[(i, False)], predicted)
             assert Counter(res[(i, True)]) == Counter(_with_recompute(predicted)), (c, rank)

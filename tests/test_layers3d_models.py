@@ -15,6 +15,7 @@ from torch.nn import functional as F
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
 from tests.distributed import run_ranks
+from tests.layers3d_helpers import rel_err
 
 pytestmark = pytest.mark.distributed
 
@@ -147,10 +148,6 @@ class ParallelGPT(nn.Module):
         return out
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-30))
-
-
 def _train_mlp(dm, name: str, linears: dict) -> tuple[list, float]:  # noqa: ANN001
     """fc1 -> gelu -> fc2 with the plan's c_fc / mlp_proj schemes; MSE loss against a random target."""
     from layers3d import ParallelLinear, redistribute, reduce_output, shard_tensor
@@ -178,7 +175,7 @@ def _train_mlp(dm, name: str, linears: dict) -> tuple[list, float]:  # noqa: ANN
             opt.step()
             opt.zero_grad()
         losses.append([float(loss_d), float(loss_p)])
-    worst = max(_rel(par[j].dense_state_dict()[k], dense[i].state_dict()[k])
+    worst = max(rel_err(par[j].dense_state_dict()[k], dense[i].state_dict()[k])
                 for j, i in ((0, 0), (1, 2)) for k in ("weight", "bias"))
     return losses, worst
 
@@ -213,7 +210,7 @@ def _train_gpt(rank: int) -> dict:
             # all keys), so AdamW turns round-off into updates of either sign: leave it out of the comparison.
             for sd in (state, want):
                 sd["block.c_attn.bias"] = torch.cat([sd["block.c_attn.bias"][:H], sd["block.c_attn.bias"][2 * H:]])
-            worst = max(_rel(state[k], want[k]) for k in want)
+            worst = max(rel_err(state[k], want[k]) for k in want)
             out[(name, ckpt)] = (losses, worst)
     return out
 
