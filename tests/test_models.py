@@ -77,6 +77,8 @@ def test_mlp_example() -> None:
     assert loss.shape == () and loss.item() > 0
     assert len(ex.model.blocks) == 2
     assert len(get_example("mlp", n_layer=3, dim=16).model.blocks) == 3
+    assert torch.equal(get_example("mlp", seed=3).model.head.weight, get_example("mlp", seed=3).model.head.weight)
+    assert not torch.equal(get_example("mlp", seed=4).model.head.weight, ex.model.head.weight)
     with pytest.raises(ModelLoadError, match="unknown MLP override"):
         get_example("mlp", width=3)
 

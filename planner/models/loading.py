@@ -70,7 +70,8 @@ def get_example(name: str, *, device: str | torch.device | None = None, **overri
     """Build built-in example `name` on `device` ("cpu" or "meta"; default: meta for the GPT-2/GPT-3 sizes,
     cpu for the small ones). Overrides: GPTConfig fields for the GPTs (n_layer, batch_size, seq_len,
     dropout, dtype...), MLP_DEFAULTS keys for "mlp", GPT2Config fields plus batch_size/seq_len for "hf-gpt2";
-    `dtype` may be a name such as "bfloat16"."""
+    `dtype` may be a name such as "bfloat16"; `seed` (default 0) seeds the weights and inputs of a real
+    device, so two builds with the same arguments are identical."""
     if name not in EXAMPLES:
         raise ModelLoadError(f"unknown example {name!r}; built-in examples: {', '.join(EXAMPLES)}")
     if device is None:
