@@ -59,6 +59,8 @@ def registered_kinds() -> tuple[str, ...]:
 
 # --- canonical ops: the memo key ---------------------------------------------------------------------
 def _freeze(v: Any) -> Hashable:
+    if isinstance(v, dict) and all(type(x) in _SCALARS for x in v.values()):
+        return tuple(sorted(v.items()))  # the common case: a flat dict of scalars
     if isinstance(v, dict):
         return tuple(sorted((str(k), _freeze(x)) for k, x in v.items()))
     if isinstance(v, (list, tuple)):
@@ -74,6 +76,7 @@ def _freeze(v: Any) -> Hashable:
     return v
 
 
+_SCALARS = (int, float, str, bool, type(None))
 _OP = "%op"
 
 
@@ -81,21 +84,34 @@ def _ref(i: int) -> str:
     return f"%{i}"
 
 
-class _Canon:
-    """An op with its names replaced by placeholders; equal for ops that differ only in names."""
+def _signature(op: OpNode) -> tuple:
+    return (op.kind, op.target, tuple(op.input_meta), tuple(op.outputs),
+            tuple((p.shape, p.dtype, p.role) for p in op.params), len(op.inputs), _freeze(op.attrs))
 
-    __slots__ = ("op", "key", "_hash")
+
+class _Canon:
+    """An op with its names replaced by placeholders; equal for ops that differ only in names. The
+    canonical OpNode is built only when a rule has to run (a memo miss)."""
+
+    __slots__ = ("_attrs", "_op", "key", "_hash")
 
     def __init__(self, op: OpNode) -> None:
-        self.op = OpNode(
-            name=_OP, kind=op.kind, target=op.target, inputs=[_ref(i) for i in range(len(op.inputs))],
-            input_meta=list(op.input_meta), outputs=list(op.outputs),
-            params=[ParamInfo(f"%p{j}", p.shape, p.dtype, p.role) for j, p in enumerate(op.params)],
-            attrs=op.attrs,
-        )
-        self.key = (op.kind, op.target, tuple(op.input_meta), tuple(op.outputs),
-                    tuple((p.shape, p.dtype, p.role) for p in op.params), len(op.inputs), _freeze(op.attrs))
+        self._attrs = dict(op.attrs)  # a snapshot: later changes to the caller's op do not leak in
+        self._op: OpNode | None = None
+        self.key = _signature(op)
         self._hash = hash(self.key)
+
+    @property
+    def op(self) -> OpNode:
+        if self._op is None:
+            kind, target, input_meta, outputs, params, n_inputs, _ = self.key
+            self._op = OpNode(
+                name=_OP, kind=kind, target=target, inputs=[_ref(i) for i in range(n_inputs)],
+                input_meta=list(input_meta), outputs=list(outputs),
+                params=[ParamInfo(f"%p{j}", shape, dtype, role) for j, (shape, dtype, role) in enumerate(params)],
+                attrs=self._attrs,
+            )
+        return self._op
 
     def __hash__(self) -> int:
         return self._hash
@@ -107,7 +123,7 @@ class _Canon:
 def op_signature(op: OpNode) -> Hashable:
     """What an op's strategies and costs depend on (kind, target, shapes, dtypes, params, attrs): ops
     with equal signatures (the same op in identical blocks) have equal strategy lists and costs."""
-    return _Canon(op).key
+    return _signature(op)
 
 
 def _canon(op: OpNode) -> _Canon:
@@ -141,23 +157,30 @@ def _check_device(device: str) -> None:
         raise StrategyError(f"device kind must be one of {DEVICE_KINDS}, got {device!r}")
 
 
+# The candidates each (op, mesh) was last enumerated with: op_cost looks a strategy up there first.
+_LAST_CANDIDATES: dict[tuple[_Canon, Mesh], Hashable] = {}
+
+
 def enumerate_strategies(op: OpNode, mesh: Mesh,
                          input_candidates: list[list[Layout]] | None = None) -> tuple[list[Strategy], list[str]]:
     """The strategies `op` can run with on `mesh`, and the reasons for the scheme variants not offered
     (e.g. "3d[roles=xyz]: in_features 1600 not divisible by 16 (axis zx)")."""
-    table, reasons = _offers(_canon(op), mesh, _freeze_candidates(input_candidates), "cuda")
+    canon, cands = _canon(op), _freeze_candidates(input_candidates)
+    table, reasons = _offers(canon, mesh, cands, "cuda")
+    _LAST_CANDIDATES[(canon, mesh)] = cands
     return list(table), list(reasons)
 
 
 @cache
 def _priced(canon: _Canon, strategy: Strategy, mesh: Mesh, hw: HardwareProfile, device: str, bpp: int) -> OpCost:
-    table, _ = _offers(canon, mesh, None, device)
-    usage = table.get(strategy)
-    if usage is None:
-        # A strategy built from caller candidates: enumerate with exactly its input layouts.
-        cands = tuple((lay,) if lay is not None else () for lay in strategy.inputs)
-        table, _ = _offers(canon, mesh, cands, device)
-        usage = table.get(strategy)
+    # A strategy's usage depends only on (op, strategy), whichever candidates offered it: look in the
+    # enumeration the caller made, then the default one, then one with exactly the strategy's inputs.
+    usage = None
+    tries = [_LAST_CANDIDATES.get((canon, mesh)), None, tuple((lay,) if lay is not None else () for lay in strategy.inputs)]
+    for cands in dict.fromkeys(tries):
+        usage = _offers(canon, mesh, cands, device)[0].get(strategy)
+        if usage is not None:
+            break
     if usage is None:
         raise StrategyError(f"strategy {strategy} is not valid for {canon.op.kind} op with inputs "
                             f"{[m.shape for m in canon.op.input_meta]} on mesh {mesh}")

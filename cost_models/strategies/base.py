@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from itertools import combinations, permutations
 from typing import Any
 
@@ -26,7 +27,7 @@ from cost_models.redistribution import Step
 from cost_models.strategy import Collective, SavedTensor, Strategy
 
 __all__ = ["Usage", "Offer", "Rule", "Candidates", "make_options", "axis_subsets", "ordered_pairs",
-           "cube_permutations", "rest_axes", "token_layout", "local_bytes", "param_key", "input_candidates_for",
+           "cube_permutations", "rest_axes", "token_layout", "local_bytes", "local_numel", "fits", "param_key", "input_candidates_for",
            "tensor_key", "default_candidates"]
 
 Candidates = list[list[Layout]] | None
@@ -121,11 +122,23 @@ def token_layout(shape: tuple[int, ...], token_axes: Axes, mesh: Mesh, feature_a
     dims = list(tok)
     dims[-1] = dims[-1] + tuple(seq_axes)
     layout = Layout(tuple(dims) + (tuple(feature_axes),), interleave=interleave if feature_axes else 1)
-    if not layout.fits(shape, mesh):
+    if not fits(layout, tuple(shape), mesh):
         return None
     if interleave > 1 and feature_axes and shape[-1] % (mesh.size(feature_axes) * interleave):
         return None
     return layout
+
+
+@cache
+def local_numel(shape: tuple[int, ...], layout: Layout, mesh: Mesh) -> int:
+    """`layout.local_numel(shape, mesh)`, memoised (costing a model asks for the same blocks many times)."""
+    return layout.local_numel(shape, mesh)
+
+
+@cache
+def fits(layout: Layout, shape: tuple[int, ...], mesh: Mesh) -> bool:
+    """`layout.fits(shape, mesh)`, memoised."""
+    return layout.fits(shape, mesh)
 
 
 def local_bytes(meta: TensorMeta | tuple[int, ...], layout: Layout, mesh: Mesh, itemsize: int | None = None) -> int:
@@ -133,8 +146,8 @@ def local_bytes(meta: TensorMeta | tuple[int, ...], layout: Layout, mesh: Mesh, 
     if isinstance(meta, TensorMeta):
         shape, size = meta.shape, meta.itemsize if itemsize is None else itemsize
     else:
-        shape, size = meta, itemsize or 1
-    return layout.local_numel(shape, mesh) * size
+        shape, size = tuple(meta), itemsize or 1
+    return local_numel(tuple(shape), layout, mesh) * size
 
 
 def tensor_key(producer: str, layout: Layout) -> str:
@@ -156,6 +169,8 @@ def default_candidates(meta: TensorMeta, mesh: Mesh) -> list[Layout]:
     each subset of axes, and (for ndim >= 2) the last dim split over each subset."""
     nd = len(meta.shape)
     out = [Layout.replicated(nd)]
+    if nd == 0:
+        return out
     for axes in axis_subsets(mesh):
         for d in ((0, nd - 1) if nd >= 2 else (0,)):
             lay = Layout.shard(nd, d, axes)
