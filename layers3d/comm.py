@@ -88,7 +88,8 @@ def current_phase() -> str:
     stack = getattr(_PHASES, "stack", None)
     if stack:
         return stack[-1]
-    return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+    task_id = getattr(torch._C, "_current_graph_task_id", None)  # -1 outside autograd's backward
+    return "backward" if task_id is not None and task_id() != -1 else "forward"
 
 
 def _record(kind: str, axes: Sequence[str], nbytes: int, tag: str) -> None:

@@ -119,6 +119,7 @@ class ParallelLinear(nn.Module):
         self.weight_transposed = weight_transposed
         self.token_shape = tuple(token_shape) if token_shape is not None else None
         self._calls: dict[tuple[Layout, Layout], _Call] = {}
+        self._by_shape: dict[tuple, _Call] = {}  # (local input shape, token_shape) -> resolved collectives
         g, rank = self.geometry, mesh.rank
         w_shape = self._local_shape((out_features, in_features), g.w_dims)
         self.weight = nn.Parameter(init_shard("weight", self._stored(w_shape), self.weight_dims, mesh.mesh, rank,
@@ -221,6 +222,13 @@ class ParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: this rank's block of the input, (*tokens_local, K_local) -> (*tokens_local', N_local)."""
+        key = (tuple(x.shape), self.token_shape)
+        call = self._by_shape.get(key)
+        if call is None:
+            call = self._by_shape[key] = self._resolve(x)
+        return _LinearFn.apply(x, self.weight, self.bias, call)
+
+    def _resolve(self, x: torch.Tensor) -> _Call:
         g = self.geometry
         if x.dim() < 2:
             raise ShardingError(f"ParallelLinear needs an input of shape [*tokens, features], got {tuple(x.shape)}")
@@ -233,8 +241,7 @@ class ParallelLinear(nn.Module):
                 f"{tuple(tok) + (self.in_features,)}, i.e. local shape {want}, got {tuple(x.shape)}; "
                 "pass token_shape= the global (batch, sequence) sizes, or redistribute the input first"
             )
-        yl = g.y_layout(tuple(tok) + (self.out_features,))
-        return _LinearFn.apply(x, self.weight, self.bias, self._call(xl, yl))
+        return self._call(xl, g.y_layout(tuple(tok) + (self.out_features,)))
 
     def extra_repr(self) -> str:
         s = self.geometry.scheme
