@@ -121,7 +121,7 @@ def test_vocab_parallel_cross_entropy_all_reduces_three_statistics():
     c = op_cost(ce, st, MESH, HW)
     stats = [x for x in c.collectives if x.tag == "stats"]
     assert [(x.kind, x.axes, x.bytes) for x in stats] == [("all_reduce", ("y",), 4 * 64)] * 3
-    assert [(x.kind, x.axes) for x in c.collectives if x.tag == "output"] == [("all_reduce", ("x",))]
+    assert [(x.kind, x.axes, x.bytes) for x in c.collectives if x.tag == "output"] == [("all_reduce", ("x",), 8)]
     local = enumerate_strategies(ce, MESH, [[L("x", "")], [L("x")]])[0][0]
     assert local.scheme == "follow" and not [x for x in op_cost(ce, local, MESH, HW).collectives if x.tag == "stats"]
 

@@ -4,8 +4,8 @@ When the vocabulary dim of the logits is split over axes A (a vocab-parallel hea
 without gathering the logits (Megatron's vocab-parallel cross-entropy): three all-reduces over A of one
 fp32 per local token (the max, the target logit, the sum of exponentials; tag stats). Otherwise it is
 local. The targets must be split like the logits' token dims. With reduction "mean"/"sum" over tokens
-split over some axes, the scalar loss is all-reduced over them in forward (tag output) so every rank holds
-the complete loss. Saves its log-softmax output (the logits' size and dtype) and the targets; an
+split over some axes, (loss sum, token count) are all-reduced over them in forward (two fp32, tag output)
+so every rank holds the complete loss. Saves its log-softmax output (the logits' size and dtype) and the targets; an
 `nll_loss` (attrs["fn"]) reads log-probabilities, saves its input and needs only the target all-reduce.
 """
 
@@ -25,6 +25,7 @@ __all__ = ["cross_entropy_rule", "VOCAB_STATS"]
 
 VOCAB_STATS = ("max", "target_logit", "sum_exp")
 _STAT_BYTES = 4  # one fp32 per token per statistic
+_TOTAL_BYTES = 8  # the loss sum and the count of counted tokens, fp32 (as layers3d.loss reduces them)
 
 
 @register("cross_entropy")
@@ -46,7 +47,7 @@ def cross_entropy_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: s
             u.collective("all_reduce", vocab_axes, _STAT_BYTES * tokens, "forward", "stats")
         if len(out.shape) == 0:
             o_lay = Layout(())
-            u.collective("all_reduce", t_lay.axes(), out.itemsize, "forward", "output")
+            u.collective("all_reduce", t_lay.axes(), _TOTAL_BYTES, "forward", "output")
         else:
             o_lay = t_lay
         logit_bytes = local_bytes(logits, lay, mesh)
