@@ -114,7 +114,7 @@ class ParallelLinear(nn.Module):
         super().__init__()
         scheme = LinearScheme(scheme) if isinstance(scheme, str) else scheme
         self.mesh = mesh
-        self.geometry = LinearGeometry(scheme, mesh.mesh, in_features, out_features, interleave, weight_transposed)
+        self.geometry = LinearGeometry(scheme, mesh.mesh, in_features, out_features, interleave)
         self.in_features, self.out_features = in_features, out_features
         self.weight_transposed = weight_transposed
         self.token_shape = tuple(token_shape) if token_shape is not None else None

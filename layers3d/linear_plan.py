@@ -7,7 +7,7 @@ collectives of docs/ARCHITECTURE.md's scheme table (y = x W^T + b, x: [*tokens, 
 | scheme        | x             | W stored        | forward                          | backward                              |
 |---------------|---------------|-----------------|----------------------------------|---------------------------------------|
 | replicate     | tok/(dp)      | full            | -                                | AR dW over dp                         |
-| fsdp          | tok/(dp)      | stored dim 0/dp (else 1) | AG W over dp                     | AG W, RS dW over dp                   |
+| fsdp          | tok/(dp)      | N/dp (else K/dp) | AG W over dp                     | AG W, RS dW over dp                   |
 | 1d_col (T)    | tok/(dp)      | N/T             | (sp: AG x over T on seq)         | AR dX over T (sp: RS dX on seq)       |
 | 1d_row (T)    | tok/(dp), K/T | K/T             | AR y over T (sp: RS y on seq)    | (sp: AG dY over T on seq)             |
 | 2d (r, c)     | tok/(dp,r),K/c| N/c, K/r        | AG x over c, AG W over r         | RS dX over c, RS dW over r            |
@@ -49,8 +49,8 @@ class LinearScheme:
     save_input: schemes that all-gather their input (3d, 2d, 1d_col with sp): "gathered" saves the
         gathered input, "shard" the local shard (gathered again in backward, tag input).
     weight_shard: 3d_allreduce only: W's K dim also split over m, all-gathered before use.
-    shard_dim: fsdp only: the dim of the weight *as stored* that is split over dp (None: dim 0 when
-        dp divides it, else dim 1; the rule of cost_models.strategies.linear).
+    shard_dim: fsdp only: the dim of W in [N, K] orientation split over dp (None: N when dp divides it,
+        else K; the option of the same name in cost_models.strategies.linear).
     """
 
     name: str
@@ -129,7 +129,6 @@ class LinearGeometry:
     in_features: int
     out_features: int
     interleave: int = 1
-    weight_transposed: bool = False  # W stored as [K, N] (HF Conv1D); matters for fsdp's shard dim only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scheme", self.scheme.resolve(self.mesh))
@@ -159,13 +158,10 @@ class LinearGeometry:
         if s == "replicate":
             return ((), ())
         if s == "fsdp":
-            stored = (self.in_features, self.out_features) if self.weight_transposed else (
-                self.out_features, self.in_features)
             dim = self.scheme.shard_dim
             if dim is None:
-                dim = 0 if stored[0] % self.mesh.size(self.dp) == 0 else 1
-            n_dim = (1 - dim) if self.weight_transposed else dim  # the chosen dim in [N, K] orientation
-            return (self.dp, ()) if n_dim == 0 else ((), self.dp)
+                dim = 0 if self.out_features % self.mesh.size(self.dp) == 0 else 1
+            return (self.dp, ()) if dim == 0 else ((), self.dp)
         if s == "1d_col":
             return (r, ())
         if s == "1d_row":

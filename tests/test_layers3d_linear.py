@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections import Counter
 from dataclasses import dataclass
 
@@ -45,8 +46,8 @@ def cases() -> list[Case]:
         Case((2, 2, 2), "replicate", tokens=(8, 3), k=6, n=10),
         Case((2, 2, 2), "replicate", tokens=(2, 12), k=6, n=10, bias=False, pass_tokens=True),
         Case((2, 2, 2), "fsdp", tokens=(8, 2), k=6, n=16),
-        Case((2, 2, 2), "fsdp", tokens=(8, 2), k=6, n=16, transposed=True),   # stored [K, N]: dim 0 (K) does not divide
-        Case((2, 2, 2), "fsdp", tokens=(8, 2), k=16, n=10, transposed=True),  # stored dim 0 (K) splits
+        Case((2, 2, 2), "fsdp", tokens=(8, 2), k=6, n=16, transposed=True),   # N splits (stored dim 1 of [K, N])
+        Case((2, 2, 2), "fsdp", tokens=(8, 2), k=16, n=10, transposed=True),  # N does not divide: K splits
         Case((2, 2, 2), "1d_col", xyz, tokens=(3, 2), k=6, n=16),
         Case((2, 2, 2), "1d_col", ("z",), tokens=(4, 3), k=5, n=6, interleave=3),
         Case((2, 2, 2), "1d_col", ("y", "z"), tokens=(2, 3), k=7, n=24, interleave=3, transposed=True),
@@ -75,6 +76,42 @@ def cases() -> list[Case]:
         Case((2, 2, 2), "3d", ("x", "y", "z"), tokens=(8, 1), k=4, n=6, save_input="shard"),
         Case((2, 2, 2), "3d_allreduce", ("y", "z", "x"), tokens=(2, 5), k=4, n=12, interleave=3, weight_shard=True),
     ]
+    return out + random_cases(12, seed=3)
+
+
+def random_cases(count: int, seed: int) -> list[Case]:
+    """Random schemes, roles, token shapes, feature sizes and options (all that the mesh divides)."""
+    from layers3d import ShardingError
+    from layers3d.linear_plan import LinearGeometry, LinearScheme
+
+    rng = random.Random(seed)
+    mesh = Mesh((2, 2, 2))
+    out: list[Case] = []
+    while len(out) < count:
+        scheme = rng.choice(("replicate", "fsdp", "1d_col", "1d_row", "2d", "3d", "3d_allreduce"))
+        n_roles = {"2d": 2, "3d": 3, "3d_allreduce": 3}.get(scheme, 0)
+        if scheme.startswith("1d"):
+            roles = tuple(a for a in mesh.axis_names if rng.random() < 0.6) or ("z",)  # mesh order, as offered
+        else:
+            roles = tuple(rng.sample(mesh.axis_names, n_roles))
+        inter = rng.choice((1, 1, 3)) if scheme not in ("1d_row",) else 1
+        transposed = rng.random() < 0.25
+        sp = scheme.startswith("1d") and rng.random() < 0.4
+        gathers = scheme in ("2d", "3d") or (scheme == "1d_col" and sp)
+        c = Case((2, 2, 2), scheme, roles, tokens=(rng.choice((2, 4, 8)), rng.choice((1, 2, 3, 4, 6, 8))),
+                 k=rng.choice((4, 8, 12, 16, 24)), n=rng.choice((4, 8, 12, 16, 24)) * inter,
+                 bias=transposed or rng.random() < 0.7, interleave=inter, transposed=transposed, sp=sp,
+                 save_input=rng.choice(("gathered", "shard")) if gathers else "gathered",
+                 weight_shard=scheme == "3d_allreduce" and rng.random() < 0.5, pass_tokens=True)
+        try:
+            geo = LinearGeometry(LinearScheme(c.scheme, c.roles, None, c.sp, c.save_input, c.weight_shard), mesh,
+                                 c.k, c.n, c.interleave)
+            geo.x_layout(c.tokens + (c.k,))
+            geo.y_layout(c.tokens + (c.n,))
+        except ShardingError:
+            continue
+        if c.k != c.n and c.tokens[0] * c.tokens[1] != c.k:  # batch != hidden, non-square weights
+            out.append(c)
     return out
 
 
@@ -119,6 +156,8 @@ def expected_collectives(c: Case) -> list[Collective]:
     elif c.scheme == "2d":
         r, cc = roles[:1], roles[1:]
         add(fw, "all_gather", cc, m / q(dp + r) * k * b, "input")
+        if c.save_input == "shard":
+            add(bw, "all_gather", cc, m / q(dp + r) * k * b, "input")
         add(fw, "all_gather", r, n / q(cc) * k * b, "weight")
         add(bw, "reduce_scatter", cc, m / q(dp + r) * k * b, "grad_input")
         add(bw, "reduce_scatter", r, n / q(cc) * k * b, "grad_weight")
@@ -267,7 +306,7 @@ def test_layouts_and_collectives_equal_the_cost_model(measured: list[dict]) -> N
         assert strategy is not None, f"the cost model offers no strategy for {c}"
         mesh = Mesh(c.mesh)
         geo = LinearGeometry(LinearScheme(c.scheme, c.roles, c.dp, c.sp, c.save_input, c.weight_shard), mesh,
-                             c.k, c.n, c.interleave, c.transposed)
+                             c.k, c.n, c.interleave)
         assert strategy.inputs[0] == geo.x_layout(c.tokens + (c.k,)), (c, strategy)
         assert strategy.outputs[0] == geo.y_layout(c.tokens + (c.n,)), (c, strategy)
         params = dict(strategy.params)
