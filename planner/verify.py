@@ -75,7 +75,7 @@ def _check_dropout(graph: Any) -> None:
 
 
 def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, seed: int = 0,
-               act_tol: float = 0.05, lr: float = 1e-4, out: Any = None) -> int:
+               act_tol: float = 0.05, lr: float = 1e-4, adam_eps: float = 1e-6, out: Any = None) -> int:
     """The per-rank body of `planner verify` inside an initialised process group; returns the exit status
     (the same on every rank). Rank 0 writes the report to `out` (default stdout)."""
     import torch
@@ -132,8 +132,8 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
 
     # --- training steps ------------------------------------------------------------------------------
     if steps > 0:
-        opt_d = torch.optim.AdamW(dense.parameters(), lr=lr)
-        opt_p = torch.optim.AdamW(parallel.parameters(), lr=lr)
+        opt_d = torch.optim.AdamW(dense.parameters(), lr=lr, eps=adam_eps)
+        opt_p = torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps)
         for k in range(steps):
             if k > 0:
                 for model in (dense, parallel):
@@ -149,8 +149,10 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
             report.step_losses.append((after_d, after_p))
         state = gather_state_dict(parallel)
         ref = dense.state_dict()
+        floats = {k: v for k, v in state.items() if ref[k].is_floating_point()}
+        floor = max((ref[k].abs().max().item() for k in floats if ref[k].numel()), default=0.0)
         report.errors.append(_worst(f"parameters after {steps} steps", [
-            (k, rel_error(v, ref[k])) for k, v in state.items() if ref[k].is_floating_point()]))
+            (k, rel_error(v, ref[k], floor)) for k, v in floats.items()]))
     if rank == 0:
         print(format_report(report), file=out or sys.stdout, flush=True)
     dist.barrier()
@@ -176,6 +178,10 @@ def _worst(what: str, rows: list[tuple[str, float]]) -> Any:
                arg("--act-tol", type=float, default=0.05,
                    help="allowed relative difference of measured and predicted activation bytes (default 0.05)"),
                arg("--lr", type=float, default=1e-4, help="AdamW learning rate for --steps (default 1e-4)"),
+               arg("--adam-eps", type=float, default=1e-6,
+                   help="AdamW epsilon (default 1e-6: with torch's 1e-8, parameters whose gradient is zero in "
+                        "exact arithmetic, such as the attention key bias, move by rounding noise, which no two "
+                        "summation orders reproduce)"),
                arg("--timeout", type=float, default=300.0,
                    help="seconds a collective may block before the run fails (default 300)")],
          description="Run under `torchrun --standalone --nproc-per-node N -m planner verify MODEL plan.json`: "
@@ -190,7 +196,7 @@ def verify_command(args: argparse.Namespace) -> int:
     ctx = init_distributed(timeout_s=args.timeout)
     with RankGuard(ctx.store, ctx.rank, ctx.world_size):
         status = run_verify(args.model, args.plan_file, steps=args.steps, tol=args.tol, seed=args.seed,
-                            act_tol=args.act_tol, lr=args.lr)
+                            act_tol=args.act_tol, lr=args.lr, adam_eps=args.adam_eps)
     _shutdown()
     return status
 

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 from cost_models.edges import edge_cost
 from cost_models.hardware import HardwareProfile
-from cost_models.strategies import mark_graph_hints, op_cost
-from cost_models.strategy import Collective
+from cost_models.mesh import Mesh
+from cost_models.ops import OpNode
+from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_cost
+from cost_models.strategy import Collective, Strategy
 from planner.graph import ModelGraph
-from planner.plan_format import Plan
+from planner.plan_format import Assignment, Plan, PlanError
 
 __all__ = ["PredictedComm", "predicted_collectives", "by_kind"]
 
@@ -40,6 +42,20 @@ def _out_index(producer_outputs: int, consumer_kind: str, consumer_attrs: dict) 
     return 0
 
 
+def _strategy(op: OpNode, a: Assignment, mesh: Mesh) -> Strategy:
+    """The cost model's Strategy value of an assignment. Matched among the op's strategies rather than
+    rebuilt: the plan JSON stores parameters as an object with sorted keys, which loses the order the
+    Strategy value (a tuple) has."""
+    want = a.to_strategy()
+    cands = [[lay] if lay is not None else [] for lay in a.inputs]
+    found, _ = enumerate_strategies(op, mesh, cands)
+    for s in found:
+        if (s.scheme, s.inputs, s.outputs, s.options) == (want.scheme, want.inputs, want.outputs, want.options) \
+                and dict(s.params) == a.params:
+            return s
+    raise PlanError(f"the cost model offers no strategy {want} for op {op.name} any more; re-run `planner plan`")
+
+
 def predicted_collectives(graph: ModelGraph, plan: Plan) -> PredictedComm:
     """Every collective the plan's strategies and conversions run in one step (see the module docstring).
     `graph` is the model captured again (the fingerprint must match the plan's)."""
@@ -52,7 +68,7 @@ def predicted_collectives(graph: ModelGraph, plan: Plan) -> PredictedComm:
     for op in graph.nodes:
         a = asg[op.name]
         again = op.block in ckpt
-        cost = op_cost(op, a.to_strategy(), mesh, hw, device=plan.options.device,
+        cost = op_cost(op, _strategy(op, a, mesh), mesh, hw, device=plan.options.device,
                        bytes_per_param=plan.options.bytes_per_param)
         for c in cost.collectives:
             out.append(c)

@@ -18,13 +18,17 @@ __all__ = ["rel_error", "ErrorRow", "VerifyReport", "format_report", "COMM_PHASE
 COMM_PHASES = ("forward", "backward", "recompute")
 
 
-def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """max |got - want| / max |want| (max |got - want| when want is all zeros); inf on a shape mismatch."""
+def rel_error(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) -> float:
+    """max |got - want| / max(max |want|, floor) (the absolute error when both are 0); inf on a shape
+    mismatch. `floor` is the scale below which a tensor counts as small: parameters compared after
+    optimizer steps use the largest value in the whole state dict, because a zero-initialised bias holds
+    values near the update size, where AdamW's per-element normalisation turns rounding noise into
+    relative differences that say nothing about the parallelisation."""
     if got.shape != want.shape:
         return float("inf")
     a, b = got.detach().double().cpu(), want.detach().double().cpu()
     diff = (a - b).abs().max().item() if a.numel() else 0.0
-    scale = b.abs().max().item() if b.numel() else 0.0
+    scale = max(b.abs().max().item() if b.numel() else 0.0, floor)
     return diff / scale if scale > 0 else diff
 
 
