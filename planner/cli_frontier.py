@@ -108,18 +108,21 @@ def _schemes_cell(plan: Plan) -> str:
 
 
 def write_csv(path: str, curves: list[Curve]) -> None:
-    """One row per (series, budget): budget_bytes, step_time_s, peak_memory_bytes, schemes, checkpointed."""
+    """One row per (series, budget): budget_bytes, step_time_s, peak_memory_bytes, schemes, checkpointed;
+    a series with no point at all gets one row whose note says why."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["series", "budget_bytes", "feasible", "step_time_s", "peak_memory_bytes", "schemes",
-                    "checkpointed_blocks"])
+                    "checkpointed_blocks", "note"])
         for c in curves:
+            if not c.points:
+                w.writerow([c.label, "", False, "", "", "", "", c.note])
             for budget, p in c.points:
                 if p is None:
-                    w.writerow([c.label, budget, False, "", "", "", ""])
+                    w.writerow([c.label, budget, False, "", "", "", "", "nothing fits this budget"])
                 else:
                     w.writerow([c.label, budget, True, repr(p.predicted.step_time_s), p.predicted.peak_memory_bytes,
-                                _schemes_cell(p), len(p.checkpoint)])
+                                _schemes_cell(p), len(p.checkpoint), ""])
 
 
 def plot_frontier(path: str, title: str, planner_curve: Curve, baselines: list[Curve]) -> None:

@@ -235,11 +235,13 @@ def test_trace_curve_notes_a_configuration_that_never_fits() -> None:
 def test_csv_and_png(tmp_path: Path) -> None:
     planner_curve = Curve("planner", [(2**30, _plan_needing(2**30, 2.0)), (2 * 2**30, _plan_needing(2 * 2**30, 1.0))])
     baseline = Curve("3d (no ckpt)", [(2**30, None), (3 * 2**30, _plan_needing(3 * 2**30, 1.5))])
-    write_csv(str(tmp_path / "f.csv"), [planner_curve, baseline])
+    never = Curve("2d (ckpt)", [], note="2d needs a square mesh")
+    write_csv(str(tmp_path / "f.csv"), [planner_curve, baseline, never])
     rows = list(csv.DictReader((tmp_path / "f.csv").open()))
-    assert [(r["series"], int(r["budget_bytes"]), r["feasible"]) for r in rows] == [
-        ("planner", 2**30, "True"), ("planner", 2 * 2**30, "True"), ("3d (no ckpt)", 2**30, "False"),
-        ("3d (no ckpt)", 3 * 2**30, "True")]
+    assert [(r["series"], r["budget_bytes"], r["feasible"], r["note"]) for r in rows] == [
+        ("planner", str(2**30), "True", ""), ("planner", str(2 * 2**30), "True", ""),
+        ("3d (no ckpt)", str(2**30), "False", "nothing fits this budget"), ("3d (no ckpt)", str(3 * 2**30), "True", ""),
+        ("2d (ckpt)", "", "False", "2d needs a square mesh")]
     assert float(rows[1]["step_time_s"]) == 1.0 and int(rows[1]["peak_memory_bytes"]) == 2 * 2**30
     assert rows[0]["schemes"] == "3d:2;vocab:1" and rows[0]["checkpointed_blocks"] == "1"
     plot_frontier(str(tmp_path / "f.png"), "example", planner_curve, [baseline])
