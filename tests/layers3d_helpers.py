@@ -6,12 +6,20 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["SavedBytes", "rel_err"]
+from cost_models.strategy import Collective
+
+__all__ = ["SavedBytes", "rel_err", "with_recompute"]
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b|| (fp32 equality up to round-off is <= 1e-5 here)."""
     return float((a - b).detach().double().norm() / b.detach().double().norm().clamp_min(1e-30))
+
+
+def with_recompute(collectives: list[Collective]) -> list[Collective]:
+    """The collectives of a checkpointed op: its own, plus every forward one again as "recompute"."""
+    return list(collectives) + [Collective(c.kind, c.axes, c.bytes, "recompute", c.tag)
+                                for c in collectives if c.phase == "forward"]
 
 
 class SavedBytes(torch.autograd.graph.saved_tensors_hooks):

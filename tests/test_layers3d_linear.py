@@ -17,7 +17,7 @@ from transformers.pytorch_utils import Conv1D  # imported before forking: heavy
 from cost_models.mesh import Mesh
 from cost_models.strategy import Collective
 from tests.distributed import run_ranks
-from tests.layers3d_helpers import SavedBytes, rel_err
+from tests.layers3d_helpers import SavedBytes, rel_err, with_recompute
 
 pytestmark = pytest.mark.distributed
 
@@ -255,16 +255,12 @@ def measured() -> list[dict]:
     return run_ranks(_check_all, 8, 150)
 
 
-def _with_recompute(cols: list[Collective]) -> list[Collective]:
-    return cols + [Collective(x.kind, x.axes, x.bytes, "recompute", x.tag) for x in cols if x.phase == "forward"]
-
-
 def test_every_scheme_matches_dense_and_the_table(measured: list[dict]) -> None:
     for i, c in enumerate(cases()):
         want = expected_collectives(c)
         for rank, res in enumerate(measured):
             assert Counter(res[(i, False)]) == Counter(want), (c, rank, res[(i, False)], want)
-            assert Counter(res[(i, True)]) == Counter(_with_recompute(want)), (c, rank)
+            assert Counter(res[(i, True)]) == Counter(with_recompute(want)), (c, rank)
 
 
 def _linear_op(c: Case):  # -> (OpNode, Strategy | None)
@@ -321,4 +317,4 @@ def test_layouts_and_collectives_equal_the_cost_model(measured: list[dict]) -> N
             assert res[("saved", i, False)] == cost.saved_bytes, (c, rank, res[("saved", i, False)], cost.saved)
             assert res[("saved", i, True)] == x_bytes, (c, rank)  # checkpointed: only the input is kept
             assert Counter(res[(i, False)]) == Counter(predicted), (c, rank, res[(i, False)], predicted)
-            assert Counter(res[(i, True)]) == Counter(_with_recompute(predicted)), (c, rank)
+            assert Counter(res[(i, True)]) == Counter(with_recompute(predicted)), (c, rank)
