@@ -292,6 +292,7 @@ def test_unknown_model_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @needs_planning
+@pytest.mark.slow  # about ten solves
 def test_frontier_writes_csv_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prefix = tmp_path / "fr"
     code, out, err = _run(["frontier", "gpt-tiny", "--world-size", "8", "--budgets", "3", "--baselines", "3d",
@@ -304,5 +305,6 @@ def test_frontier_writes_csv_and_png(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert all(b <= a * (1 + 1e-3) for a, b in zip(times, times[1:]))  # more memory never makes it slower
     for r in planner_rows:
         assert int(r["peak_memory_bytes"]) <= int(r["budget_bytes"])
-    assert {r["series"] for r in rows} >= {"3d (ckpt)", "3d (no ckpt)"}
+    for series in ("3d (ckpt)", "3d (no ckpt)"):  # gpt-tiny has a 3D plan on 2x2x2
+        assert any(r["series"] == series and r["feasible"] == "True" for r in rows), series
     assert Path(f"{prefix}.png").read_bytes()[:4] == b"\x89PNG"
