@@ -54,11 +54,12 @@ class ParallelModule(nn.Module):
     with local shards); call it like the dense model. `gather_state_dict` gives the dense state dict back.
     """
 
-    def __init__(self, plan: Plan, mesh: DeviceMesh, graph: fx.Graph, signature: inspect.Signature,
+    def __init__(self, plan: Plan, source: ModelGraph, mesh: DeviceMesh, graph: fx.Graph, signature: inspect.Signature,
                  inputs: list[str], out_spec: Any, homes: dict[str, ParamHome], dense_keys: dict[str, str],
                  buffers: dict[str, str], extra: dict[str, torch.Tensor], input_mode: str) -> None:
         super().__init__()
         self.plan, self.device_mesh, self.input_mode = plan, mesh, input_mode
+        self.source_graph = source    # the dense model as captured (its fingerprint is the plan's)
         self._graph, self._signature, self._inputs, self._out_spec = graph, signature, inputs, out_spec
         self.homes = homes            # dense parameter name -> where its block lives
         self.dense_keys = dense_keys  # dense state_dict key -> the canonical parameter/buffer name
@@ -212,7 +213,7 @@ def apply_plan(model: nn.Module, plan: Plan, *, mesh: DeviceMesh | None = None, 
     program = getattr(graph, "program", None)
     out_spec = program.call_spec.out_spec if program is not None else None
     dense_keys, extra = _dense_keys(model, ctx.homes, result.buffer_names)
-    pm = ParallelModule(plan, mesh, main, inspect.signature(model.forward), result.inputs, out_spec, ctx.homes,
+    pm = ParallelModule(plan, graph, mesh, main, inspect.signature(model.forward), result.inputs, out_spec, ctx.homes,
                         dense_keys, {v: k for k, v in result.buffer_names.items() if v}, extra, inputs)
     for path, module in result.modules.items():
         _set_path(pm, path, module)

@@ -26,7 +26,7 @@ from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
-from cost_models.strategies import enumerate_strategies, op_cost
+from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_cost
 from cost_models.strategy import HEAVY_SCHEMES, OpCost, Strategy
 from planner.graph import ModelGraph
 from planner.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode
@@ -146,6 +146,7 @@ def _join_producer(op: OpNode, found: list[Strategy], nodes: dict[str, OpNode],
 def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_bytes: int, *,
                   device: str = "cuda", bytes_per_param: int = 16, schemes: frozenset[str] | None = None,
                   checkpointing: bool = True) -> BuiltProblem:
+    mark_graph_hints(graph.nodes)  # fused q/k/v outputs and transposed matmul operands (idempotent)
     nodes = {n.name: n for n in graph.nodes}
     strategies: dict[str, list[Strategy]] = {}
     not_offered: dict[str, list[str]] = {}

@@ -82,7 +82,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     import torch.distributed as dist
 
     from layers3d.comm import CommCounter
-    from planner.apply import apply_plan, check_plan
+    from planner.apply import apply_plan
     from planner.measure import SavedActivationMeter
     from planner.plan_format import Plan
     from planner.state import gather_grads, gather_state_dict
@@ -93,13 +93,12 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     plan = Plan.load(plan_path)
     example = _build(spec, seed)
     dense, inputs = example.model, example.example_inputs
-    graph = check_plan(dense, plan)
-    _check_dropout(graph)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     dense = dense.to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()} if isinstance(inputs, dict) \
         else tuple(v.to(device) for v in inputs)
     parallel = apply_plan(dense, plan)
+    _check_dropout(parallel.source_graph)
     report = VerifyReport(example.name, plan_path, dist.get_world_size(), str(plan.mesh), tol, act_tol,
                           predicted_act=plan.predicted.activation_bytes)
 
@@ -124,7 +123,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     for c in counter.records:
         if c.tag in ("io", "tied"):
             report.unplanned_comm[(c.kind, c.tag)] += c.bytes
-    predicted = predicted_collectives(graph, plan)
+    predicted = predicted_collectives(parallel.source_graph, plan)
     report.predicted_comm, report.plan_comm_total = by_kind(predicted.collectives), predicted.plan_total_bytes
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, meter.bytes)

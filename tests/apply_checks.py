@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from layers3d.comm import CommCounter
-from planner.apply import apply_plan, check_plan
+from planner.apply import apply_plan
 from planner.measure import SavedActivationMeter
 from planner.plan_format import Plan
 from planner.state import gather_grads, gather_state_dict
@@ -51,14 +51,13 @@ def compare_with_dense(build: Callable[[], tuple[nn.Module, Any]], plan: Plan, *
     params = dict(dense.named_parameters())
     grads = gather_grads(parallel)
     grad_err = {n: rel_error(g, params[n].grad) for n, g in grads.items()}
-    graph = check_plan(dense, plan)
     out: dict[str, Any] = {
         "loss": (loss_d.item(), loss_p.item()),
         "grad_error": max(grad_err.values()),
         "worst_grad": max(grad_err, key=grad_err.get),
         "grads_compared": len(grad_err),
         "measured_comm": dict(by_kind([c for c in counter.records if c.tag not in ("io", "tied")])),
-        "predicted_comm": dict(by_kind(predicted_collectives(graph, plan).collectives)),
+        "predicted_comm": dict(by_kind(predicted_collectives(parallel.source_graph, plan).collectives)),
         "activation_bytes": meter.bytes,
         "predicted_activation_bytes": plan.predicted.activation_bytes,
     }

@@ -249,6 +249,9 @@ def io_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iter
     if meta is None:
         yield Strategy("follow", (), (Layout(()),)), Usage(mesh)
         return
+    if len(op.inputs) > 1:  # several outputs (loss and logits): each leaves in the layout it comes in
+        yield Strategy("follow", (None,) * len(op.inputs), (Layout(()),)), Usage(mesh, dtype=meta.dtype)
+        return
     for lay in input_candidates_for(op, 0, candidates, mesh):
         yield Strategy("follow", (lay,), (lay,)), Usage(mesh, dtype=meta.dtype)
 
