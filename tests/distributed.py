@@ -58,9 +58,11 @@ def _free_port() -> int:
 def _child(rank: int, fn: Callable[..., Any], world_size: int, port: int, tmp: str, timeout_s: float,
            args: tuple) -> None:
     torch.set_num_threads(1)
+    stage = "init"
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
+        stage = "run"
         result = fn(rank, *args)
         buf = io.BytesIO()
         torch.save(result, buf)
@@ -69,9 +71,9 @@ def _child(rank: int, fn: Callable[..., Any], world_size: int, port: int, tmp: s
     except BaseException as e:
         tb = traceback.format_exc()
         try:
-            payload = pickle.dumps((e, tb))
+            payload = pickle.dumps((e, tb, stage))
         except Exception:
-            payload = pickle.dumps((None, tb))
+            payload = pickle.dumps((None, tb, stage))
         path = os.path.join(tmp, f"error_{rank}.pkl")
         with open(path + ".part", "wb") as f:
             f.write(payload)
@@ -80,15 +82,27 @@ def _child(rank: int, fn: Callable[..., Any], world_size: int, port: int, tmp: s
     dist.destroy_process_group()
 
 
+class _RendezvousFailed(Exception):
+    """The ranks could not meet (typically: another process took the free port first); worth a retry."""
+
+    def __init__(self, errors: dict[int, tuple[BaseException | None, str]]) -> None:
+        super().__init__("rendezvous failed")
+        self.errors = errors
+
+
 def _read_errors(tmp: str, world_size: int) -> dict[int, tuple[BaseException | None, str]]:
     found = []
     for r in range(world_size):
         path = os.path.join(tmp, f"error_{r}.pkl")
         if os.path.exists(path):
             with open(path, "rb") as f:
-                exc, tb = pickle.load(f)
-            found.append((os.path.getmtime(path), r, exc, tb))
-    return {r: (exc, tb) for _, r, exc, tb in sorted(found, key=lambda x: (x[0], x[1]))}
+                exc, tb, stage = pickle.load(f)
+            found.append((os.path.getmtime(path), r, exc, tb, stage))
+    found.sort(key=lambda x: (x[0], x[1]))
+    errors = {r: (exc, tb) for _, r, exc, tb, _ in found}
+    if found and found[0][4] == "init":
+        raise _RendezvousFailed(errors)
+    return errors
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int = 8, timeout_s: float = 60, args: tuple = (),
@@ -96,44 +110,58 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 8, timeout_s: float = 60
     """Run `fn(rank, *args)` on `world_size` forked gloo ranks; return the per-rank results (rank order).
 
     Raises RankError when a rank raises (after giving the others `grace_s` seconds to report their own
-    errors), RankTimeout after `timeout_s` seconds.
+    errors), RankTimeout after `timeout_s` seconds. A failed rendezvous (the free port taken by another
+    process before rank 0 bound it) is retried with a new port, up to 3 attempts.
     """
     torch.set_num_threads(1)  # forked children deadlock in OpenMP if the parent already ran threaded ops
     # torch.utils.checkpoint imports torch._dynamo (~800 modules) on first use: import it once here rather
     # than in every forked rank (8 ranks on 2 cores would take ~8 s).
     importlib.import_module("torch._dynamo")
-    tmp = tempfile.mkdtemp(prefix="layers3d_ranks_")
-    try:
-        ctx = mp.start_processes(_child, args=(fn, world_size, _free_port(), tmp, timeout_s, args),
-                                 nprocs=world_size, join=False, start_method="fork")
-        procs = ctx.processes
-        deadline = time.monotonic() + timeout_s
-        failed_at = None
-        while True:
-            codes = [p.exitcode for p in procs]
-            if all(c == 0 for c in codes):
-                break
-            if failed_at is None and any(c not in (None, 0) for c in codes):
-                failed_at = time.monotonic()
-            now = time.monotonic()
-            if failed_at is not None and (all(c is not None for c in codes) or now - failed_at > grace_s):
-                _kill(procs)
-                errors = _read_errors(tmp, world_size)
-                if not errors:
-                    errors = {r: (None, f"exited with code {c}") for r, c in enumerate(codes) if c not in (None, 0)}
-                raise RankError(errors)
-            if now > deadline:
-                running = [r for r, c in enumerate(codes) if c is None]
-                _kill(procs)
-                raise RankTimeout(timeout_s, running, _read_errors(tmp, world_size))
-            time.sleep(0.02)
-        results = []
-        for r in range(world_size):
-            with open(os.path.join(tmp, f"result_{r}.pt"), "rb") as f:
-                results.append(torch.load(io.BytesIO(f.read()), weights_only=False))
-        return results
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    for attempt in range(_ATTEMPTS):
+        tmp = tempfile.mkdtemp(prefix="layers3d_ranks_")
+        try:
+            return _run_once(fn, world_size, timeout_s, args, grace_s, tmp)
+        except _RendezvousFailed as e:
+            if attempt == _ATTEMPTS - 1:
+                raise RankError(e.errors) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+_ATTEMPTS = 3
+
+
+def _run_once(fn: Callable[..., Any], world_size: int, timeout_s: float, args: tuple, grace_s: float,
+              tmp: str) -> list[Any]:
+    ctx = mp.start_processes(_child, args=(fn, world_size, _free_port(), tmp, timeout_s, args),
+                             nprocs=world_size, join=False, start_method="fork")
+    procs = ctx.processes
+    deadline = time.monotonic() + timeout_s
+    failed_at = None
+    while True:
+        codes = [p.exitcode for p in procs]
+        if all(c == 0 for c in codes):
+            break
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = time.monotonic()
+        now = time.monotonic()
+        if failed_at is not None and (all(c is not None for c in codes) or now - failed_at > grace_s):
+            _kill(procs)
+            errors = _read_errors(tmp, world_size)
+            if not errors:
+                errors = {r: (None, f"exited with code {c}") for r, c in enumerate(codes) if c not in (None, 0)}
+            raise RankError(errors)
+        if now > deadline:
+            running = [r for r, c in enumerate(codes) if c is None]
+            _kill(procs)
+            raise RankTimeout(timeout_s, running, _read_errors(tmp, world_size))
+        time.sleep(0.02)
+    results = []
+    for r in range(world_size):
+        with open(os.path.join(tmp, f"result_{r}.pt"), "rb") as f:
+            results.append(torch.load(io.BytesIO(f.read()), weights_only=False))
+    return results
 
 
 def _kill(procs: list) -> None:

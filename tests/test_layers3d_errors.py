@@ -128,6 +128,21 @@ def test_a_rank_that_raises_stops_every_rank_with_its_error() -> None:
 
 
 @pytest.mark.distributed
+def test_a_taken_port_is_retried_with_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    import tests.distributed as harness
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        ports, used = iter([busy.getsockname()[1], harness._free_port()]), []
+        monkeypatch.setattr(harness, "_free_port", lambda: used.append(next(ports)) or used[-1])
+        assert run_ranks(lambda rank: rank, 8, 30) == list(range(8))
+    assert len(used) == 2  # the first rendezvous failed on the taken port, the second worked
+
+
+@pytest.mark.distributed
 def test_a_hang_is_killed_at_the_timeout() -> None:
     start = time.monotonic()
     with pytest.raises(RankTimeout, match=r"ranks \[5\] still running after 3 s"):
