@@ -16,6 +16,7 @@ collectives of docs/ARCHITECTURE.md's scheme table (y = x W^T + b, x: [*tokens, 
 
 Parameter gradients are then all-reduced over dp (tag grad_weight; fsdp reduce-scatters instead); the bias
 gradient over every axis that splits y's tokens (tag grad_bias, as cost_models.strategies prices it).
+save_input="shard" (2d, 3d, 1d_col with sp) keeps x's shard and all-gathers it again in backward (tag input).
 """
 
 from __future__ import annotations
