@@ -78,6 +78,9 @@ def test_broadcast_input_gradient_is_all_reduced():
     c = op_cost(add, st, MESH, HW)
     assert [(x.kind, x.axes, x.bytes, x.tag) for x in c.collectives] == [("all_reduce", ("x",), 16 * 64 * 4, "grad_input")]
     assert c.saved == ()
+    # The same add of a float mask built from buffers (no gradient, per the graph hint): no all-reduce.
+    add.attrs["grad_inputs"] = (True, False)
+    assert op_cost(add, st, MESH, HW).collectives == ()
 
 
 def test_layer_norm_with_split_features():
@@ -141,3 +144,14 @@ def test_other_runs_replicated_with_a_note():
     strategies, _ = enumerate_strategies(o, MESH, [[L("x", "")]])
     assert [s.inputs for s in strategies] == [(L("", ""),)]
     assert "no cost model" in op_cost(o, strategies[0], MESH, HW).notes[0]
+
+
+def test_graph_hints_on_a_gpt_layer():
+    from tests.cost_gpt_graph import gpt_layer_ops
+
+    ops = {o.name: o for o in gpt_layer_ops(2, 8, 16, 2)}  # gpt_layer_ops calls mark_graph_hints
+    assert ops["c_attn"].attrs["out_segments"] == 3 and "out_segments" not in ops["c_fc"].attrs
+    assert ops["matmul"].attrs["copies_inputs"] == (True, True)     # q and k^T are transposed views
+    assert ops["matmul_1"].attrs["copies_inputs"] == (False, True)  # the dropout output is contiguous
+    assert ops["add_1"].attrs["grad_inputs"] == (False, True)       # the block input "x" is a graph input
+    assert ops["masked_fill"].attrs["grad_inputs"] == (True, False)  # the mask comes from a buffer

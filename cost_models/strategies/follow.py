@@ -92,7 +92,7 @@ def elementwise_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str
     """Element-wise ops with any number of tensor inputs (broadcasting allowed). Output candidates are the
     union of the inputs' candidates lifted to the output shape; every input is asked for in that layout
     (restricted to its own dims). A broadcast input's gradient is all-reduced over the axes splitting
-    the dims it was broadcast over. Saves the inputs listed in attrs["saves"], and its output when
+    the dims it was broadcast over (inputs without a gradient, per the `grad_inputs` hint, are skipped). Saves the inputs listed in attrs["saves"], and its output when
     attrs["saves_output"]."""
     out_shape = op.out.shape
     pool: list[Layout] = []
@@ -118,10 +118,11 @@ def elementwise_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str
         u.fwd_flops = u.bwd_flops = out.local_numel(out_shape, mesh)
         if op.attrs.get("saves_output"):  # exp, sqrt, rsqrt...: the backward reads the result
             u.save(tensor_key(op.name, out), local_bytes(op.out, out, mesh))
+        grads = op.attrs.get("grad_inputs") or tuple(m.dtype in _FLOAT for m in op.input_meta)
         for i, (lay, m) in enumerate(zip(ins, op.input_meta)):
             if i in saves:
                 u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
-            if m.dtype in _FLOAT:
+            if i < len(grads) and grads[i] and m.dtype in _FLOAT:
                 axes = broadcast_axes(out, m.shape, out_shape)
                 u.collective("all_reduce", axes, local_bytes(m, lay, mesh), "backward", "grad_input")
         yield Strategy("follow", ins, (out,)), u

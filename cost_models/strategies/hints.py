@@ -10,6 +10,10 @@ Rules see one op at a time, but two choices depend on the graph around it:
   torch 2.13: the attention matmuls save copies of the transposed q, k, v). A saved copy is a tensor of
   its own (keyed by the matmul), not the producer's output that other ops might also save.
 
+* `attrs["grad_inputs"] = (bool, ...)` on an element-wise op: whether each input carries a gradient in
+  backward (it is computed from a parameter). A broadcast input without one (an additive attention mask
+  built from buffers, even in floating point) needs no gradient all-reduce.
+
 Call `mark_graph_hints(ops)` once on the captured op list before enumerating strategies (the plan builder
 does). Without it the rules assume no fused outputs and no copies.
 """
@@ -38,13 +42,19 @@ def equal_last_dim_split(op: OpNode) -> int:
 
 
 def mark_graph_hints(ops: list[OpNode]) -> None:
-    """Set the `out_segments` and `copies_inputs` hints (see the module docstring) in place."""
+    """Set the `out_segments`, `copies_inputs` and `grad_inputs` hints (see the module docstring) in place;
+    `ops` in execution order. Idempotent."""
     by_name = {op.name: op for op in ops}
     consumers: dict[str, list[OpNode]] = defaultdict(list)
     for op in ops:
         for src in op.inputs:
             consumers[src].append(op)
+    flows: dict[str, bool] = {}
+    for op in ops:  # execution order: an output carries a gradient when computed from a parameter
+        flows[op.name] = bool(op.params) or any(flows.get(src, False) for src in op.inputs)
     for op in ops:
+        if op.kind == "elementwise":
+            op.attrs["grad_inputs"] = tuple(flows.get(src, False) for src in op.inputs)
         if op.kind == "linear":
             segments = {equal_last_dim_split(c) for c in consumers[op.name]} - {0}
             if len(segments) == 1:
