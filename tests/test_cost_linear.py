@@ -207,3 +207,13 @@ def test_same_shapes_share_costs_but_keep_their_names():
     ca, cc = op_cost(a, st, mesh, HW), op_cost(c, st, mesh, HW)
     assert ca.comm_s == cc.comm_s and ca.saved_bytes == cc.saved_bytes
     assert [t.key for t in ca.saved] == ["x:[-, -, -]"] and [t.key for t in cc.saved] == ["other_input:[-, -, -]"]
+
+
+def test_clear_caches_gives_the_same_costs():
+    from cost_models.strategies import clear_caches
+
+    op, mesh = linear(), Mesh((4,))
+    st = find(op, mesh, "1d_row", sp=True)
+    before = op_cost(op, st, mesh, HW)
+    clear_caches()
+    assert op_cost(op, st, mesh, HW) == before

@@ -32,7 +32,7 @@ from cost_models.strategies.base import Candidates, Rule, Usage
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 
 __all__ = ["register", "registered_kinds", "enumerate_strategies", "op_cost", "op_signature", "StrategyError",
-           "mark_graph_hints"]
+           "mark_graph_hints", "clear_caches"]
 
 
 class StrategyError(ValueError):
@@ -221,6 +221,18 @@ def op_cost(op: OpNode, strategy: Strategy, mesh: Mesh, hw: HardwareProfile, *, 
         compute_s=priced.compute_s, fwd_compute_s=priced.fwd_compute_s, collectives=priced.collectives,
         comm_s=priced.comm_s, fwd_comm_s=priced.fwd_comm_s, notes=priced.notes,
     )
+
+
+def clear_caches() -> None:
+    """Forget every memoised enumeration and cost (they are pure, so this only frees memory; a process
+    that plans many different models may call it between them)."""
+    from cost_models.strategies import base
+
+    _offers.cache_clear()
+    _priced.cache_clear()
+    _LAST_CANDIDATES.clear()
+    base.local_numel.cache_clear()
+    base.fits.cache_clear()
 
 
 # Rules register themselves on import (they import `register` from this module, defined above).
