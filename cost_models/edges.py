@@ -7,6 +7,7 @@ collective is tagged "edge". Same layout: no steps, zero cost.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
@@ -14,11 +15,11 @@ from cost_models.comm import collective_seconds
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
-from cost_models.ops import TensorMeta
+from cost_models.ops import OpNode, TensorMeta
 from cost_models.redistribution import Step, backward_steps, plan_redistribution
 from cost_models.strategy import Collective
 
-__all__ = ["EdgeCost", "edge_cost"]
+__all__ = ["EdgeCost", "edge_cost", "grad_flow"]
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,14 @@ def _collectives(steps: list[Step], phase: str, mesh: Mesh) -> list[Collective]:
 
 
 @cache
-def edge_cost(meta: TensorMeta, src: Layout, dst: Layout, mesh: Mesh, hw: HardwareProfile) -> EdgeCost:
+def edge_cost(meta: TensorMeta, src: Layout, dst: Layout, mesh: Mesh, hw: HardwareProfile,
+              grad: bool = True) -> EdgeCost:
     """Cost of converting a tensor of `meta` from layout `src` to `dst` on `mesh` (forward and backward).
+    `grad=False` for a tensor no gradient flows back through (see `grad_flow`): forward steps only.
     Raises LayoutError when a layout does not fit the tensor or `dst` asks for a partial sum `src`
     does not have."""
     fwd = plan_redistribution(meta.shape, meta.itemsize, src, dst, mesh)
-    bwd = backward_steps(fwd, meta.shape, meta.itemsize, mesh) if _has_grad(meta) else []
+    bwd = backward_steps(fwd, meta.shape, meta.itemsize, mesh) if grad and _has_grad(meta) else []
     colls = _collectives(fwd, "forward", mesh) + _collectives(bwd, "backward", mesh)
     fwd_s = sum(collective_seconds(c, mesh, hw) for c in colls if c.phase == "forward")
     total = fwd_s + sum(collective_seconds(c, mesh, hw) for c in colls if c.phase == "backward")
@@ -65,6 +68,17 @@ def edge_cost(meta: TensorMeta, src: Layout, dst: Layout, mesh: Mesh, hw: Hardwa
         for lay in (s.before, s.after):
             biggest = max(biggest, lay.local_numel(meta.shape, mesh) * meta.itemsize)
     return EdgeCost(tuple(fwd), tuple(bwd), tuple(colls), total, fwd_s, biggest)
+
+
+def grad_flow(nodes: Iterable[OpNode]) -> dict[str, bool]:
+    """Which ops' outputs carry a gradient in backward: those computed from a parameter (the op has
+    parameters or reads an output that carries one). Graph inputs, buffers, and what is computed from
+    them alone (position ids, attention masks, even in floating point) carry none, so a conversion of
+    such a tensor has no backward steps. `nodes` in execution order."""
+    flows: dict[str, bool] = {}
+    for op in nodes:
+        flows[op.name] = bool(op.params) or any(flows.get(src, False) for src in op.inputs)
+    return flows
 
 
 def _has_grad(meta: TensorMeta) -> bool:

@@ -7,7 +7,7 @@ prediction is exact for its own assignment (saved tensors shared by several ops 
 
 from __future__ import annotations
 
-from cost_models.edges import edge_cost
+from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
 from planner.build import BuiltProblem, _out_layout
 from planner.graph import ModelGraph
@@ -49,6 +49,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     # Redistributions on every edge whose layouts differ.
     redists: list[Redistribution] = []
     into: dict[str, tuple[float, float, int]] = {}  # node -> (seconds, forward seconds, bytes)
+    flows = grad_flow(graph.nodes)
     for op in graph.nodes:
         strat = built.strategies[op.name][pick[op.name]]
         for arg, src in enumerate(op.inputs):
@@ -57,7 +58,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             if lv is None or lu == lv:
                 continue
             meta = op.input_meta[arg]
-            ec = edge_cost(meta, lu, lv, mesh, hw)
+            ec = edge_cost(meta, lu, lv, mesh, hw, grad=flows[src])
             labels = [f"fwd {st}" for st in ec.forward if st.is_collective] + \
                 [f"bwd {st}" for st in ec.backward if st.is_collective]
             nbytes = ec.bytes

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cost_models.edges import edge_cost
+from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
@@ -200,6 +200,7 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
 
     edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
     memo: dict[tuple, tuple[float, float]] = {}
+    flows = grad_flow(graph.nodes)
     for op in graph.nodes:
         dv = decisions[decision_of[op.name]]
         kv = dv.ops.index(op.name)
@@ -219,9 +220,9 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
                     lv = strategies[op.name][dv.members[kv][j]].inputs[arg]
                     if lv is None or lu == lv:
                         continue
-                    key = (meta.shape, meta.dtype, lu, lv)
+                    key = (meta.shape, meta.dtype, lu, lv, flows[src])
                     if key not in memo:
-                        ec = edge_cost(meta, lu, lv, mesh, hw)
+                        ec = edge_cost(meta, lu, lv, mesh, hw, grad=flows[src])
                         memo[key] = (ec.seconds, ec.fwd_seconds)
                     cost[i, j], rec[i, j] = memo[key]
             if not cost.any() and not rec.any():

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from cost_models.edges import edge_cost
+from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
@@ -65,6 +65,7 @@ def predicted_collectives(graph: ModelGraph, plan: Plan) -> PredictedComm:
     asg = {a.node: a for a in plan.assignments}
     ckpt = set(plan.checkpoint)
     out: list[Collective] = []
+    flows = grad_flow(graph.nodes)
     for op in graph.nodes:
         a = asg[op.name]
         again = op.block in ckpt
@@ -80,7 +81,7 @@ def predicted_collectives(graph: ModelGraph, plan: Plan) -> PredictedComm:
             have = asg[src].outputs[_out_index(len(prod.outputs), op.kind, op.attrs)]
             if need is None or need == have:
                 continue
-            ec = edge_cost(op.input_meta[arg], have, need, mesh, hw)
+            ec = edge_cost(op.input_meta[arg], have, need, mesh, hw, grad=flows[src])
             for c in ec.collectives:
                 out.append(c)
                 if again and c.phase == "forward":

@@ -58,6 +58,7 @@ def compare_with_dense(build: Callable[[], tuple[nn.Module, Any]], plan: Plan, *
         "grads_compared": len(grad_err),
         "measured_comm": dict(by_kind([c for c in counter.records if c.tag not in ("io", "tied")])),
         "predicted_comm": dict(by_kind(predicted_collectives(parallel.source_graph, plan).collectives)),
+        "unplanned_comm": {tag: sum(c.bytes for c in counter.records if c.tag == tag) for tag in ("io", "tied")},
         "activation_bytes": meter.bytes,
         "predicted_activation_bytes": plan.predicted.activation_bytes,
     }
