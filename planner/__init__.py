@@ -24,8 +24,15 @@ _EXPORTS = {
     "capture": "planner.capture",
     "CaptureError": "planner.capture",
     "ModelGraph": "planner.graph",
+    "BlockInfo": "planner.graph",
     "BudgetError": "planner.units",
     "parse_bytes": "planner.units",
+    "format_bytes": "planner.units",
+    "Example": "planner.models",
+    "EXAMPLES": "planner.models",
+    "get_example": "planner.models",
+    "load_model": "planner.models",
+    "ModelLoadError": "planner.models",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -83,22 +83,62 @@ def make_options(**kw: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, v) for k, v in kw.items() if v is not None))
 
 
+# Symmetry reduction. Two mesh axes of the same size and the same link class (both inside a node, or
+# both crossing nodes) are interchangeable: swapping them everywhere in a plan changes no cost. So the
+# enumeration offers one representative of each set of interchangeable axis choices: for tensor-parallel
+# groups, the first k axes of each class; for role tuples (2d, 3d), one representative axis per class in
+# the first role and both orders of the others (consecutive 2D/3D layers swap their last two roles).
+# This cuts a 3D mesh's linear strategies about threefold and the edge matrices about tenfold. Set
+# REDUCE_SYMMETRY = False to enumerate every axis assignment (tests compare both).
+REDUCE_SYMMETRY = True
+
+
+def axis_classes(mesh: Mesh, axes: Iterable[str] | None = None) -> list[list[str]]:
+    """`axes` (default: all, in mesh order) grouped into classes of interchangeable axes."""
+    classes: dict[tuple[int, bool], list[str]] = {}
+    for a in (mesh.axis_names if axes is None else axes):
+        classes.setdefault((mesh.axis_size(a), mesh.is_intra_node((a,))), []).append(a)
+    return list(classes.values())
+
+
+def _canonical(mesh: Mesh, subset: Iterable[str]) -> bool:
+    """True when `subset` takes, within each class, that class's first axes."""
+    chosen = set(subset)
+    for cls in axis_classes(mesh):
+        k = sum(a in chosen for a in cls)
+        if set(cls[:k]) != chosen & set(cls):
+            return False
+    return True
+
+
 def axis_subsets(mesh: Mesh) -> list[Axes]:
-    """Every non-empty subset of the mesh axes, each in mesh order (smallest subsets first)."""
+    """Non-empty subsets of the mesh axes, each in mesh order (smallest subsets first); one per
+    symmetry class when REDUCE_SYMMETRY."""
     names = mesh.axis_names
-    return [c for r in range(1, len(names) + 1) for c in combinations(names, r)]
+    subsets = [c for r in range(1, len(names) + 1) for c in combinations(names, r)]
+    return [c for c in subsets if not REDUCE_SYMMETRY or _canonical(mesh, c)]
 
 
 def ordered_pairs(mesh: Mesh) -> list[tuple[str, str]]:
-    return list(permutations(mesh.axis_names, 2))
+    """Ordered pairs of distinct axes (2D roles); with REDUCE_SYMMETRY only pairs whose left-over
+    (data-parallel) axes are canonical, each in both orders."""
+    pairs = list(permutations(mesh.axis_names, 2))
+    if not REDUCE_SYMMETRY:
+        return pairs
+    return [p for p in pairs if _canonical(mesh, [a for a in mesh.axis_names if a not in p])]
 
 
 def cube_permutations(mesh: Mesh) -> list[tuple[str, str, str]]:
-    """Every ordering of every three mesh axes of equal size."""
+    """Orderings of three mesh axes of equal size (3D roles); with REDUCE_SYMMETRY the first role takes
+    one representative axis per class of the trio and the other two roles come in both orders."""
     out = []
     for trio in combinations(mesh.axis_names, 3):
-        if len({mesh.axis_size(a) for a in trio}) == 1:
-            out.extend(permutations(trio))
+        if len({mesh.axis_size(a) for a in trio}) != 1:
+            continue
+        firsts = [cls[0] for cls in axis_classes(mesh, trio)] if REDUCE_SYMMETRY else list(trio)
+        for first in firsts:
+            rest = [a for a in trio if a != first]
+            out.extend([(first, rest[0], rest[1]), (first, rest[1], rest[0])])
     return out
 
 
