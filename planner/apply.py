@@ -17,8 +17,9 @@ global batch, as a data-parallel loader hands them out) and gets its block of ea
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -132,13 +133,33 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None) -> Mode
         device = "meta"
         example_inputs = {i.name: torch.empty(tuple(i.shape), dtype=getattr(torch, i.dtype), device=device)
                           for i in plan.model.inputs}
-    graph = capture(model, example_inputs, name=plan.model.name)
+    with _buffers_like_params(model):
+        graph = capture(model, example_inputs, name=plan.model.name)
     if graph.fingerprint != plan.model.fingerprint:
         raise PlanMismatchError(
             f"the plan was made for another model: its fingerprint is {plan.model.fingerprint[:12]} "
             f"({plan.model.name}), this model's is {graph.fingerprint[:12]} ({graph.name}: {len(graph)} ops); the "
             "architecture, the input shapes or the train/eval mode differ. Re-run `planner plan` for this model")
     return graph
+
+
+@contextlib.contextmanager
+def _buffers_like_params(model: nn.Module) -> Iterator[None]:
+    """A model on the meta device whose buffers are real (causal masks the runtime needs): capture it
+    with meta stand-ins for the buffers, so that every tensor it traces is on one device."""
+    on_meta = any(p.device.type == "meta" for p in model.parameters())
+    swapped: list[tuple[nn.Module, str, torch.Tensor]] = []
+    if on_meta:
+        for module in model.modules():
+            for name, buf in list(module._buffers.items()):
+                if buf is not None and buf.device.type != "meta":
+                    swapped.append((module, name, buf))
+                    module._buffers[name] = torch.empty_like(buf, device="meta")
+    try:
+        yield
+    finally:
+        for module, name, buf in swapped:
+            module._buffers[name] = buf
 
 
 def _run_device() -> torch.device:

@@ -105,7 +105,7 @@ def _eval_values(graph: ModelGraph, model: nn.Module) -> dict[str, Any]:
     gm = graph.gm
     if all("val" in n.meta for n in gm.graph.nodes if n.op not in ("output",)):
         return {n.name: n.meta["val"] for n in gm.graph.nodes if n.op != "output"}
-    on_meta = all(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers()))
+    on_meta = any(p.device.type == "meta" for p in model.parameters())  # (its buffers were traced as meta)
     mode = None if on_meta else FakeTensorMode(allow_non_fake_inputs=True)
     feeds: dict[str, Any] = {}
     for op in graph.nodes:
