@@ -48,7 +48,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
 
     # Redistributions on every edge whose layouts differ.
     redists: list[Redistribution] = []
-    into: dict[str, tuple[float, float, int]] = {}  # node -> (seconds, forward seconds, bytes)
+    into: dict[str, tuple[float, float, int, int]] = {}  # node -> (seconds, forward seconds, bytes, forward bytes)
     flows = grad_flow(graph.nodes)
     for op in graph.nodes:
         strat = built.strategies[op.name][pick[op.name]]
@@ -64,8 +64,9 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             nbytes = ec.bytes
             secs = ec.seconds
             redists.append(Redistribution(src, op.name, list(meta.shape), lu, lv, labels, nbytes, secs))
-            s0, f0, b0 = into.get(op.name, (0.0, 0.0, 0))
-            into[op.name] = (s0 + secs, f0 + ec.fwd_seconds, b0 + nbytes)
+            s0, f0, b0, fb0 = into.get(op.name, (0.0, 0.0, 0, 0))
+            fwd_bytes = sum(c.bytes for c in ec.collectives if c.phase == "forward")
+            into[op.name] = (s0 + secs, f0 + ec.fwd_seconds, b0 + nbytes, fb0 + fwd_bytes)
 
     # Per-block recomputed activations (alive during that block's backward).
     block_saved: dict[str, int] = {}
@@ -102,14 +103,17 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     for op in graph.nodes:
         strat = built.strategies[op.name][pick[op.name]]
         cost = built.costs[op.name][pick[op.name]]
-        r_secs, r_fwd, r_bytes = into.get(op.name, (0.0, 0.0, 0))
+        r_secs, r_fwd, r_bytes, r_fwd_bytes = into.get(op.name, (0.0, 0.0, 0, 0))
         ck = in_ckpt[op.name]
         saved = kept.get(op.name, 0) if ck else op_saved[op.name]
         transient = max(cost.transient_bytes, block_saved.get(op.block, 0) if ck else 0)
         recompute = (cost.recompute_s + r_fwd) if ck else 0.0
         ac = AssignmentCost(state_bytes=cost.param_elems * bytes_per_param, saved_bytes=saved,
                             transient_bytes=transient, compute_s=cost.compute_s, comm_s=cost.comm_s,
-                            comm_bytes=cost.comm_bytes + (_forward_bytes(cost) if ck else 0), recompute_s=recompute)
+                            # A checkpointed op re-runs its forward collectives and those of the conversions into
+                            # it (as recompute_s counts their seconds).
+                            comm_bytes=cost.comm_bytes + (_forward_bytes(cost) + r_fwd_bytes if ck else 0),
+                            recompute_s=recompute)
         assignments.append(Assignment(
             node=op.name, target=op.target, kind=op.kind, scheme=strat.scheme, strategy=strat.label(),
             inputs=list(strat.inputs), outputs=list(strat.outputs), params=dict(strat.params),

@@ -117,8 +117,8 @@ def format_report(r: VerifyReport) -> str:
     rows.append(("total", _fmt_bytes(tm), _fmt_bytes(tp), _mark(tm == tp)))
     lines += _table(rows, ("collective", "measured", "predicted", ""))
     if r.plan_comm_total != tp:
-        lines.append(f"  note: the plan's predicted.comm_bytes is {_fmt_bytes(r.plan_comm_total)} (the per-kind "
-                     "prediction above adds the recomputed forward collectives of checkpointed blocks)")
+        lines.append(f"  note: the plan's predicted.comm_bytes is {_fmt_bytes(r.plan_comm_total)}, its collectives "
+                     f"recomputed per kind sum to {_fmt_bytes(tp)}: the plan file is out of step with the cost model")
     if r.unplanned_comm:
         lines.append("  not in the plan (input/output conversions of the drop-in interface, tied weights):")
         lines += ["    " + f"{k} [{tag}]: {_fmt_bytes(b)}" for (k, tag), b in sorted(r.unplanned_comm.items())]
