@@ -46,7 +46,8 @@ class CalibrateConfig:
     base: profile the result starts from (built-in name or JSON path); None picks by device (cpu-gloo on
         CPU, h100-80gb on H100/H200, a100-80gb on other GPUs).
     min_bytes, max_bytes: smallest and largest message (bytes convention of docs/ARCHITECTURE.md).
-    growth: factor between consecutive message sizes (an integer >= 2).
+    growth: factor between consecutive message sizes (an integer >= 2); 8 spends little on the latency-bound
+        small sizes (they all cost about the same) and reaches the bandwidth-bound ones within the budget.
     time_budget_s: seconds for all collective timings together; a series stops growing when its next size
         would not fit its share (each series still gets 3 sizes, so a tiny budget can be exceeded).
     warmup: untimed calls before each point's batches (per pass).
@@ -62,7 +63,7 @@ class CalibrateConfig:
     base: str | None = None
     min_bytes: int = 4 * 2**10
     max_bytes: int = 256 * 2**20
-    growth: int = 4
+    growth: int = 8
     time_budget_s: float = 50.0
     warmup: int = 2
     reps: int = 9
@@ -109,7 +110,7 @@ CALIBRATE_ARGS = (
         "cpu-gloo) or a profile JSON; default: cpu-gloo on CPU, h100-80gb on H100/H200, else a100-80gb"),
     arg("--min-bytes", default="4KiB", metavar="SIZE", help="smallest message (default 4KiB)"),
     arg("--max-bytes", default="256MiB", metavar="SIZE", help="largest message (default 256MiB)"),
-    arg("--growth", type=int, default=4, metavar="K", help="factor between message sizes (default 4)"),
+    arg("--growth", type=int, default=8, metavar="K", help="factor between message sizes (default 8)"),
     arg("--time-budget", type=float, default=50.0, metavar="SECONDS",
         help="seconds for all collective timings together; sizes stop growing when it runs out (default 50)"),
     arg("--warmup", type=int, default=2, metavar="N", help="untimed calls per size (default 2)"),
@@ -149,13 +150,23 @@ def config_from_args(args: argparse.Namespace) -> CalibrateConfig:
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
-    """`planner calibrate`: validate everything before any communication, then measure on every rank."""
-    config = config_from_args(args)
+    """`planner calibrate`: validate everything before any communication, then measure on every rank.
+
+    A bad argument fails on every rank before the process group exists; under torchrun only rank 0 reports
+    it (the others exit with the same status silently), so the message is printed once.
+    """
     from cost_models.hardware import load_profile
+
+    try:
+        config = config_from_args(args)
+        if config.base is not None:
+            load_profile(config.base)
+    except ValueError:
+        if os.environ.get("RANK", "0") != "0":
+            return 2
+        raise
     from planner.calibrate_run import run
 
-    if config.base is not None:
-        load_profile(config.base)  # a bad --base fails here, on every rank, before the process group
     run(config, args.out, samples_out=args.samples)
     return 0
 

@@ -181,19 +181,21 @@ def _next_call(points: list[_Point], growth: int) -> float:
 
 def time_series(axes: Sequence[AxisGroups], kinds: Sequence[str], *, min_bytes: int, max_bytes: int,
                 growth: int, warmup: int, reps: int, passes: int, budget_s: float, timeout_s: float,
-                device: torch.device) -> list[Series]:
+                device: torch.device) -> tuple[list[Series], int]:
     """Time every collective of `kinds` on every group set of `axes` over geometric message sizes.
 
     Sizes start at `min_bytes` and grow by `growth` up to `max_bytes`, rounded up to a multiple of 4 * n
     bytes so every rank holds an equal float32 shard. Each pass times every point with ceil(reps / passes)
-    batches. The first pass finds the sizes: all series advance together, one size at a time, and a series
-    stops growing when `passes` passes over its next size are expected to cost more than an equal share
-    of what is left of `budget_s` (every series gets at least MIN_POINTS sizes). Later passes revisit all
+    batches. The first pass finds the sizes: all series advance together, one size at a time; at each size
+    the series whose next size is expected to cost least go on while `passes` passes over their next sizes
+    fit in what is left of `budget_s`, the others stop growing (every series gets at least MIN_POINTS
+    sizes). Later passes revisit all
     points, alternating reverse and forward order, at least `passes` in all and more while the budget
     lasts (revisits are cheaper than the first visit): each point is sampled at moments spread over the
     run, so a burst of background load spoils one pass of a point, not the point. A point's time is the
     slowest rank's median over all its batches, since a step waits for the slowest group. Decisions use
-    world-reduced numbers only, so every rank runs the same collectives in the same order.
+    world-reduced numbers only, so every rank runs the same collectives in the same order. Returns the
+    series and the number of passes made.
     """
     rank = dist.get_rank()
     comms = []
@@ -234,11 +236,14 @@ def time_series(axes: Sequence[AxisGroups], kinds: Sequence[str], *, min_bytes: 
             for s in active:
                 s.stopped = "max bytes"
             break
-        allowance = (budget_s - passes * spent) / (passes * len(active))
-        for s in active:
-            mine = own[id(s)]
-            expected = mine[-1].cost * _next_call(mine, growth) / max(mine[-1].median, 1e-12)
-            if len(mine) >= MIN_POINTS and expected > allowance:
+        # Cheapest next sizes first, while `passes` passes over them fit in what is left of the budget.
+        left = budget_s - passes * spent
+        expected = {id(s): own[id(s)][-1].cost * _next_call(own[id(s)], growth) / max(own[id(s)][-1].median, 1e-12)
+                    for s in active}
+        for s in sorted(active, key=lambda s: expected[id(s)]):
+            if len(own[id(s)]) < MIN_POINTS or passes * expected[id(s)] <= left:
+                left -= passes * expected[id(s)]
+            else:
                 s.stopped = "time budget"
         active = [s for s in active if not s.stopped]
         nbytes *= growth
@@ -251,7 +256,7 @@ def time_series(axes: Sequence[AxisGroups], kinds: Sequence[str], *, min_bytes: 
     medians = world_max([statistics.median(pt.times) for pt in points], device)
     for pt, seconds in zip(points, medians):
         pt.series.samples.append(Sample(pt.series.kind, pt.series.axis.n, pt.numel * 4, seconds))
-    return series
+    return series, done
 
 
 def _concurrent_rate(work: Callable[[], None], units_per_call: float, device: torch.device,

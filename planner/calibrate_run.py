@@ -1,9 +1,10 @@
 """Running `planner calibrate`: set up the process group, measure, fit, and write the profile.
 
 `calibrate(config)` measures (on every rank, identical results everywhere); `fit_calibration` fits alpha
-and beta per (link, collective), pooled over the mesh axes of that link, which is what a HardwareProfile
-stores, and per (mesh axis, collective) for diagnosis; `build_profile` turns the base profile and the
-measurements into the calibrated profile; `run` does all of it and has rank 0 write the file.
+and beta per (link, collective, group size), per (link, collective) over all group sizes and per link over
+all collectives, which is what a HardwareProfile stores; `build_profile` turns the base profile and the
+measurements into the calibrated profile (a pure function of its inputs); `run` does all of it and has
+rank 0 write the file.
 """
 
 from __future__ import annotations
@@ -34,10 +35,18 @@ from planner.calibrate_measure import (
 
 __all__ = ["Calibration", "FitRow", "calibrate", "fit_calibration", "build_profile", "run", "write_samples"]
 
-# R^2 below this is flagged in the output (the profile is still written: a poor fit beats a datasheet guess
-# only sometimes, and the table says which).
+# R^2 below this is flagged in the output; the profile is still written, the warning says which numbers
+# to distrust.
 R2_WARNING = 0.9
+# Matmul side and copy size: large enough for the device's full rate, small enough for a second of work
+# with every rank busy (8192^3 bf16 is ~1 TFLOP: a few ms on an A100/H100; 512^3 fp32 is ~10 ms of one
+# CPU core shared by four ranks).
+GPU_MATMUL, CPU_MATMUL = 8192, 512
+GPU_COPY_BYTES, CPU_COPY_BYTES = 2**30, 64 * 2**20
+# A table row: (group label, collective, fit or None, note).
 FitRow = tuple[str, str, "Fit | None", str]
+# (link, kind, n): one group size; (link, kind): every group size of the link; (link, "*"): every kind.
+FitKey = tuple
 
 
 @dataclass
@@ -53,6 +62,9 @@ class Calibration:
     matmul_flops: dict[str, float] = field(default_factory=dict)  # PEAK_DTYPES key -> FLOP/s per rank
     matmul_size: int = 0
     copy_bandwidth: float = 0.0  # bytes/s per rank (read + write)
+    passes: int = 0  # passes made over the collective points
+    device_count: int = 0  # GPUs on this node (0 on CPU)
+    device_memory: int = 0  # bytes of one GPU (0 on CPU)
     seconds: float = 0.0
 
 
@@ -108,26 +120,24 @@ def calibrate(config: CalibrateConfig) -> Calibration:
             raise CalibrateError(f"mesh {m} has {m.world_size} ranks but the process group has {world}")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     cal = Calibration(world, rpn, device.type, name, dist.get_backend())
-    cal.series = time_series(axis_groups(meshes, config.every_group), config.kinds, min_bytes=config.min_bytes,
-                             max_bytes=config.max_bytes, growth=config.growth, warmup=config.warmup,
-                             reps=config.reps, passes=config.passes, budget_s=config.time_budget_s,
-                             timeout_s=config.timeout_s, device=device)
+    cal.series, cal.passes = time_series(
+        axis_groups(meshes, config.every_group), config.kinds, min_bytes=config.min_bytes,
+        max_bytes=config.max_bytes, growth=config.growth, warmup=config.warmup, reps=config.reps,
+        passes=config.passes, budget_s=config.time_budget_s, timeout_s=config.timeout_s, device=device)
     if device.type == "cuda":
-        # 8192^3 bf16 is ~1 TFLOP: a few ms on an A100/H100, large enough for full tensor-core rate.
-        cal.matmul_size, dtypes = 8192, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-        copy_bytes = 2**30
+        cal.device_count = torch.cuda.device_count()
+        cal.device_memory = torch.cuda.get_device_properties(device).total_memory
+        cal.matmul_size, dtypes = GPU_MATMUL, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+        copy_bytes = GPU_COPY_BYTES
     else:
         # CPU fp16 matmuls have no fast kernel (about 0.5 GFLOP/s): not measured, the base's number stays.
-        cal.matmul_size, dtypes = 512, {"fp32": torch.float32, "bf16": torch.bfloat16}
-        copy_bytes = 64 * 2**20
+        cal.matmul_size, dtypes = CPU_MATMUL, {"fp32": torch.float32, "bf16": torch.bfloat16}
+        copy_bytes = CPU_COPY_BYTES
     for key, dtype in dtypes.items():
         cal.matmul_flops[key] = measure_matmul_flops(dtype, device, cal.matmul_size, config.compute_seconds)
     cal.copy_bandwidth = measure_copy_bandwidth(copy_bytes, device, config.compute_seconds)
     cal.seconds = time.perf_counter() - t0
     return cal
-
-
-FitKey = tuple  # (link, kind) pooled over group sizes, (link, kind, n) for one size, (link, "*") all kinds
 
 
 def _fit_row(label: str, kind: str, samples: list[Sample], note: str = "") -> tuple[Fit | None, FitRow]:
@@ -156,7 +166,11 @@ def fit_calibration(cal: Calibration) -> tuple[dict[FitKey, Fit], list[FitRow]]:
         for key in ((s.axis.link, s.kind, s.axis.n), (s.axis.link, s.kind), (s.axis.link, "*")):
             by_key.setdefault(key, []).extend(s.samples)
         axes_of.setdefault((s.axis.link, s.axis.n), []).append(s)
-    for key in sorted(by_key, key=lambda k: (k[0], len(k) == 2, k[1] == "*", -k[2] if len(k) == 3 else 0, k[1])):
+    kinds = list(dict.fromkeys(s.kind for s in cal.series))
+    order = [key for link in LINKS for key in (
+        [(link, kind, n) for n in sorted({s.axis.n for s in cal.series}, reverse=True) for kind in kinds]
+        + [(link, kind) for kind in kinds] + [(link, "*")]) if key in by_key]
+    for key in order:
         link, kind = key[0], key[1]
         label = f"{link} n={key[2]}" if len(key) == 3 else f"{link} any n"
         top = max(x.nbytes for x in by_key[key])
@@ -203,8 +217,7 @@ def build_profile(base: HardwareProfile, cal: Calibration, fits: dict[FitKey, Fi
             overrides[key] = (fit.alpha, fit.beta)
     measured_links = sorted({key[0] for key in fits})
     if cal.device == "cuda":
-        gpus_per_node = torch.cuda.device_count() if torch.cuda.is_available() else cal.ranks_per_node
-        memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        gpus_per_node, memory = cal.device_count or cal.ranks_per_node, cal.device_memory or base.memory_bytes
     else:
         gpus_per_node, memory = max(base.gpus_per_node, cal.ranks_per_node), base.memory_bytes
     kept = [link for link in LINKS if link not in measured_links]
@@ -229,14 +242,16 @@ def write_samples(cal: Calibration, path: str) -> None:
         w.writerow(["mesh", "axes", "link", "n", "kind", "bytes", "seconds"])
         for s in cal.series:
             for x in s.samples:
-                w.writerow([str(s.axis.mesh), "".join(s.axis.axes), s.axis.link, x.n, x.kind, x.nbytes, repr(x.seconds)])
+                w.writerow([str(s.axis.mesh), "".join(s.axis.axes), s.axis.link, x.n, x.kind, x.nbytes,
+                            repr(x.seconds)])
 
 
 def _summary(cal: Calibration, profile: HardwareProfile, out: str) -> str:
     flops = ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in cal.matmul_flops.items())
     return (f"{cal.world_size} ranks ({cal.ranks_per_node} per node, {cal.backend} on {cal.device_name}); "
             f"matmul {cal.matmul_size}^3 per rank: {flops}; copy bandwidth per rank "
-            f"{cal.copy_bandwidth / 1e9:.2f} GB/s; measured in {cal.seconds:.1f} s\n"
+            f"{cal.copy_bandwidth / 1e9:.2f} GB/s; {cal.passes} passes over the collective sizes; "
+            f"measured in {cal.seconds:.1f} s\n"
             f"wrote profile {profile.name!r} to {out}")
 
 

@@ -168,6 +168,33 @@ def test_real_calibration_on_four_gloo_ranks(tmp_path: Path) -> None:
     assert profile.peak("float32") > 0 and profile.mem_bandwidth > 0 and profile.efficiency == 1.0
 
 
+def _stalled_rank(rank: int, out: str) -> None:
+    import time
+
+    import planner.calibrate_measure as measure
+    from planner.calibrate_run import run
+
+    if rank == 3:  # this rank stops taking part as soon as the first collective is timed
+        measure._collective = lambda *args, **kwargs: (lambda: time.sleep(60))  # type: ignore[assignment]
+    config = CalibrateConfig(min_bytes=4096, max_bytes=16 * 1024, reps=1, passes=1, timeout_s=3.0,
+                             base="cpu-gloo", compute_seconds=0.05)
+    run(config, out)
+
+
+@pytest.mark.distributed
+def test_a_stalled_rank_fails_the_others_within_the_timeout(tmp_path: Path) -> None:
+    import time
+
+    from tests.distributed import RankError, run_ranks
+
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        run_ranks(_stalled_rank, world_size=4, timeout_s=60, args=(str(tmp_path / "p.json"),))
+    assert time.monotonic() - start < 40  # the 3 s collective timeout fired, not the harness's 60 s
+    assert "timed out" in str(info.value).lower() or "timeout" in str(info.value).lower()
+    assert not (tmp_path / "p.json").exists()
+
+
 # --- errors -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("argv", "message"), [
     (["--out", "/no/such/dir/p.json"], "does not exist"),
