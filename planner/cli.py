@@ -19,7 +19,8 @@ from planner.cli_registry import COMMANDS
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 # Modules whose import registers subcommands, in the order `planner --help` lists them.
-COMMAND_MODULES = ("planner.cli_plan", "planner.cli_explain", "planner.cli_frontier")
+COMMAND_MODULES = ("planner.cli_plan", "planner.cli_explain", "planner.cli_frontier", "planner.calibrate",
+                   "planner.verify")
 
 EXIT_USER_ERROR = 2
 EXIT_INFEASIBLE = 3
