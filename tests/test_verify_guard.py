@@ -1,0 +1,93 @@
+"""RankGuard: a rank that raises or dies makes every rank exit non-zero within seconds, naming the failing
+rank. Four plain processes (no torchrun, so the guard alone must stop them) run a few gloo all-reduces."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+ROOT = str(Path(__file__).resolve().parents[1])
+WORKER = textwrap.dedent("""
+    import os, sys, time
+    import torch, torch.distributed as dist
+    from planner.verify_guard import RankGuard, init_distributed
+
+    ctx = init_distributed(timeout_s=120)
+    mode = sys.argv[1]
+    with RankGuard(ctx.store, ctx.rank, ctx.world_size, poll_s=0.2, dead_after_s=5):
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        if ctx.rank == 2 and mode == "raise":
+            raise RuntimeError("rank two fails on purpose")
+        if ctx.rank == 2 and mode == "die":
+            os._exit(9)
+        if ctx.rank == 2 and mode == "user":
+            raise ValueError("a user error on rank two")
+        dist.all_reduce(t)
+        print("done", ctx.rank, t.tolist(), flush=True)
+""")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(tmp_path: Path, mode: str, world: int = 4) -> tuple[list[int], list[str], float]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port = _port()
+    procs = []
+    start = time.monotonic()
+    for r in range(world):
+        env = {**os.environ, "PYTHONPATH": ROOT, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, str(script), mode], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs, codes = [], []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        outs.append(out)
+        codes.append(p.returncode)
+    return codes, outs, time.monotonic() - start
+
+
+def test_all_ranks_finish_normally(tmp_path: Path) -> None:
+    codes, outs, _ = _run(tmp_path, "ok")
+    assert codes == [0, 0, 0, 0]
+    assert all(f"done {r} [16.0" in out for r, out in enumerate(outs))
+
+
+def test_a_raising_rank_stops_every_rank_with_its_message(tmp_path: Path) -> None:
+    codes, outs, seconds = _run(tmp_path, "raise")
+    assert all(c != 0 for c in codes), codes
+    assert seconds < 60
+    assert "rank two fails on purpose" in outs[2]
+    for r in (0, 1, 3):
+        assert "rank 2" in outs[r] and "rank two fails on purpose" in outs[r], outs[r]
+        assert "done" not in outs[r]
+
+
+def test_a_dying_rank_is_named_by_the_others(tmp_path: Path) -> None:
+    codes, outs, seconds = _run(tmp_path, "die")
+    assert codes[2] == 9 and all(c != 0 for c in codes), codes
+    assert seconds < 60
+    for r in (0, 1, 3):
+        assert "rank 2 stopped responding" in outs[r], outs[r]
+
+
+def test_a_user_error_is_one_line_with_exit_status_2(tmp_path: Path) -> None:
+    codes, outs, _ = _run(tmp_path, "user")
+    assert codes == [2, 2, 2, 2] or (codes[2] == 2 and all(c != 0 for c in codes)), codes
+    assert "error: ValueError: a user error on rank two" in outs[2]
+    assert "Traceback" not in outs[2]
