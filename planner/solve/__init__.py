@@ -75,7 +75,7 @@ def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, 
         sol = None
         if chosen == "two_level":
             try:
-                sol = solve_built(ip, TwoLevel(ip).build, solver=name, time_limit=time_limit, method="two_level")
+                sol = TwoLevel(ip).solve(name, time_limit)
             except (NotDecomposable, FrontierTooLarge) as err:
                 if method == "two_level":
                     raise

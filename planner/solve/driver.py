@@ -48,8 +48,12 @@ def solve_built(ip: IndexedProblem, build: Build, *, solver: str, time_limit: fl
         log.warning("solver answer exceeds the budget by %d B (tolerance); tightening and solving again",
                     peak - ip.budget)
         cap -= peak - ip.budget
+    if res.x is not None:
+        return Solution(status="error", seconds=time.perf_counter() - start, solver=res.solver, method=method,
+                        message="solver tolerance keeps its answer above the budget; scale the budget up by a "
+                                "few bytes or report this problem")
     if res.status == "infeasible":
-        least = least_memory(ip, build, solver=solver, deadline=max(deadline, time.perf_counter() + 1.0))
+        least = least_memory(ip, build, solver=solver, deadline=time.perf_counter() + time_limit)
         time_s, peak = (evaluate_indexed(ip, least.choice, least.checkpointed)[:2] if least.choice
                         else (float("nan"), 0))
         return Solution(

@@ -17,11 +17,15 @@ Pareto set of labels (add, saved, max transient, time) with the assignment that 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BlockShape", "FrontierPoint", "FrontierTooLarge", "block_frontier", "pareto_mask", "topological_order"]
+__all__ = [
+    "BlockShape", "FrontierPoint", "FrontierTooLarge", "Prune", "SweepPlan", "block_frontier", "pareto_mask", "plan_sweep",
+    "topological_order",
+]
 
 # Labels compared at once in the pairwise dominance check (memory ~ chunk x labels x columns).
 _CHUNK = 512
@@ -107,83 +111,104 @@ def topological_order(n: int, edges: list[tuple[int, int]]) -> list[int] | None:
     return order if len(order) == n else None
 
 
-def _sweep(shape: BlockShape, order: list[int], p: int, ckpt: bool, cap: float, max_labels: int,
-           with_time: bool) -> dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]]:
-    """The DP for port choice p: final state (output choice,) -> (labels (k x 4), assignments (k x n))."""
-    n = len(order)
-    pos_step = {pos: i for i, pos in enumerate(order)}
-    last_use = {pos: (pos_step[pos] if pos != shape.out_pos else n) for pos in order}
-    for s, d, _, _ in shape.internal:
-        last_use[s] = max(last_use[s], pos_step[d])
-    incoming: list[list[tuple[int, np.ndarray, np.ndarray]]] = [[] for _ in range(len(shape.sizes))]
-    for s, d, cost, rec in shape.internal:
-        incoming[d].append((s, cost, rec))
-    port_cost = [np.zeros(size) for size in shape.sizes]
-    for d, cost, rec in shape.from_port:
-        port_cost[d] = port_cost[d] + cost[p] + (rec[p] if ckpt else 0.0)
-    min_rest = np.zeros(n + 1)  # least additive bytes of the nodes swept after step i
-    for i in range(n - 1, -1, -1):
-        v = order[i]
-        min_rest[i] = min_rest[i + 1] + float(np.min(shape.state[v] + (0 if ckpt else shape.saved[v])))
-    kept_in = float(shape.input_bytes[p]) if ckpt else 0.0
+@dataclass
+class SweepPlan:
+    """How a block is swept: node positions in topological order, the positions still needed after each
+    step (`live[i]`, sorted: nodes with edges to later nodes, and the output node), each node's internal
+    incoming edges (src_pos, cost, recompute) and the summed edges from the port (cost, recompute), both
+    indexed [port choice, node choice]."""
 
-    live: list[int] = []
-    labels = {(): (np.zeros((1, 4)), np.zeros((1, 0), dtype=np.int16))}  # columns: add, saved, transient, time
-    for i, v in enumerate(order):
-        new_live = sorted([u for u in live if last_use[u] > i] + ([v] if last_use[v] > i else []))
+    order: list[int]
+    live: list[list[int]]
+    incoming: list[list[tuple[int, np.ndarray, np.ndarray]]]
+    port: list[tuple[np.ndarray, np.ndarray]]
+
+
+def plan_sweep(shape: BlockShape) -> SweepPlan:
+    """The sweep plan of `shape` (FrontierTooLarge if its edges have a cycle)."""
+    n = len(shape.sizes)
+    order = topological_order(n, [(s, d) for s, d, _, _ in shape.internal])
+    if order is None:
+        raise FrontierTooLarge("block edges form a cycle")
+    step = {pos: i for i, pos in enumerate(order)}
+    last_use = {pos: (step[pos] if pos != shape.out_pos else n) for pos in order}
+    incoming: list[list[tuple[int, np.ndarray, np.ndarray]]] = [[] for _ in range(n)]
+    for s, d, cost, rec in shape.internal:
+        last_use[s] = max(last_use[s], step[d])
+        incoming[d].append((s, cost, rec))
+    port = [(np.zeros((shape.port_size, size)), np.zeros((shape.port_size, size))) for size in shape.sizes]
+    for d, cost, rec in shape.from_port:
+        port[d] = (port[d][0] + cost, port[d][1] + rec)
+    live = [sorted(pos for pos in order[: i + 1] if last_use[pos] > i) for i in range(n)]
+    return SweepPlan(order, live, incoming, port)
+
+
+# prune(step, key, labels) -> mask of labels to keep; labels are rows (add, saved, transient, time)
+Prune = Callable[[int, tuple[int, ...], np.ndarray], np.ndarray]
+
+
+def _sweep(shape: BlockShape, plan: SweepPlan, p: int, ckpt: bool, with_time: bool, prune: Prune | None,
+           max_labels: int) -> dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]]:
+    """The Pareto DP for port choice p: final key (output choice,) -> (labels (k x 4), assignments (k x n),
+    in sweep order). Label columns: additive bytes (state, + saved unless checkpointed), saved bytes
+    (checkpointed only), largest transient, time."""
+    prev: list[int] = []
+    labels = {(): (np.zeros((1, 4)), np.zeros((1, 0), dtype=np.int16))}
+    for i, v in enumerate(plan.order):
+        live = plan.live[i]
+        port_t = plan.port[v][0][p] + (plan.port[v][1][p] if ckpt else 0.0)
         grouped: dict[tuple[int, ...], list[tuple[np.ndarray, np.ndarray]]] = {}
         for key, (vals, asg) in labels.items():
-            known = dict(zip(live, key))
+            known = dict(zip(prev, key))
             for c in range(shape.sizes[v]):
-                dt = shape.time[v][c] + (shape.recompute[v][c] if ckpt else 0.0) + port_cost[v][c]
-                for s, cost, rec in incoming[v]:
+                dt = shape.time[v][c] + (shape.recompute[v][c] if ckpt else 0.0) + port_t[c]
+                for s, cost, rec in plan.incoming[v]:
                     dt += cost[known[s], c] + (rec[known[s], c] if ckpt else 0.0)
-                dt = dt if with_time else 0.0
                 saved = float(shape.saved[v][c])
-                step = np.array([shape.state[v][c] + (0.0 if ckpt else saved), saved if ckpt else 0.0, 0.0, dt])
+                step = np.array([shape.state[v][c] + (0.0 if ckpt else saved), saved if ckpt else 0.0, 0.0,
+                                 dt if with_time else 0.0])
                 new = vals + step
                 new[:, 2] = np.maximum(vals[:, 2], float(shape.transient[v][c]))
-                ok = new[:, 0] + kept_in + min_rest[i + 1] + np.maximum(new[:, 1], new[:, 2]) <= cap
-                if not ok.any():
-                    continue
                 known[v] = c
-                new_key = tuple(known[u] for u in new_live)
-                col = np.full((int(ok.sum()), 1), c, dtype=np.int16)
-                grouped.setdefault(new_key, []).append((new[ok], np.hstack([asg[ok], col])))
+                new_key = tuple(known[u] for u in live)
+                col = np.full((len(new), 1), c, dtype=np.int16)
+                grouped.setdefault(new_key, []).append((new, np.hstack([asg, col])))
         labels = {}
         total = 0
         for key, parts in grouped.items():
             vals = np.vstack([a for a, _ in parts])
             asg = np.vstack([b for _, b in parts])
-            mask = pareto_mask(vals)
-            labels[key] = (vals[mask], asg[mask])
-            total += int(mask.sum())
+            keep = pareto_mask(vals)
+            if prune is not None:
+                keep &= prune(i, key, vals)
+            if keep.any():
+                labels[key] = (vals[keep], asg[keep])
+                total += int(keep.sum())
         if total > max_labels:
             raise FrontierTooLarge(f"block frontier needs more than {max_labels} labels at node {i}")
-        live = new_live
+        prev = live
     return labels
 
 
-def block_frontier(shape: BlockShape, *, checkpointing: bool, cap_bytes: float = np.inf, with_time: bool = True,
+def block_frontier(shape: BlockShape, *, checkpointing: bool, with_time: bool = True,
+                   prune: Callable[[int, bool], Prune | None] | None = None,
                    max_labels: int = 2_000_000) -> list[FrontierPoint]:
     """All non-dominated (add_bytes, max_bytes, time_s) points per boundary (p, q) and checkpoint flag.
 
-    `cap_bytes` drops points whose add_bytes + max_bytes exceed it (they cannot fit a budget); the default
-    keeps the full frontier. With `with_time=False` time is ignored (all zero): the memory-only frontier,
-    much smaller, for minimising peak memory. Raises FrontierTooLarge past `max_labels` labels in one sweep
-    step.
+    With `with_time=False` time is ignored (all zero): the memory-only frontier, for minimising peak
+    memory. `prune(p, ckpt)` may give a label filter for that sweep (labels it rejects, and every label
+    they would lead to, are dropped: it must only reject labels that cannot be part of a wanted answer).
+    Raises FrontierTooLarge past `max_labels` labels in one sweep step.
     """
-    n = len(shape.sizes)
-    order = topological_order(n, [(s, d) for s, d, _, _ in shape.internal])
-    if order is None:
-        raise FrontierTooLarge("block edges form a cycle")
-    inverse = np.argsort(order)
+    plan = plan_sweep(shape)
+    inverse = np.argsort(plan.order)
     points: list[FrontierPoint] = []
     for p in range(shape.port_size):
         rows: list[np.ndarray] = []
         meta: list[tuple[int, bool, tuple[int, ...]]] = []
         for ckpt in ([False, True] if checkpointing else [False]):
-            for key, (vals, asg) in _sweep(shape, order, p, ckpt, cap_bytes, max_labels, with_time).items():
+            hook = prune(p, ckpt) if prune is not None else None
+            for key, (vals, asg) in _sweep(shape, plan, p, ckpt, with_time, hook, max_labels).items():
                 q = key[0] if key else 0
                 add = vals[:, 0] + (float(shape.input_bytes[p]) if ckpt else 0.0)
                 top = np.maximum(vals[:, 1], vals[:, 2])

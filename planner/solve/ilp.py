@@ -69,6 +69,7 @@ class BuiltModel:
     model: MilpModel
     unit: int
     extract: Callable[[np.ndarray], tuple[list[int], list[int]]]
+    scale: float = 1.0  # model objective units per second (time mode) or per byte (memory mode)
 
 
 class IlpBuilder:
@@ -156,6 +157,7 @@ class IlpBuilder:
         mem_val = np.concatenate([val / self.unit, [1.0]])
         if budget is not None:
             m.add_row(mem_idx, mem_val, hi=(budget - self.memory.const) / self.unit)
+        self.scale = self.time_scale if mode == "time" else 1.0 / self.unit
         if mode == "time":
             t_idx, t_val = self.time.arrays()
             m.add_cost(t_idx, t_val * self.time_scale)
@@ -207,7 +209,7 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
         choice = [0 if len(ind) == 1 and ind[0] == ONE else int(np.argmax(x[ind])) for ind in s]
         return choice, [blk for blk, c in enumerate(flags) if x[c] > 0.5]
 
-    return BuiltModel(model, b.unit, extract)
+    return BuiltModel(model, b.unit, extract, b.scale)
 
 
 def flat_size(ip: IndexedProblem) -> int:

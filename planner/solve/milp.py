@@ -9,6 +9,7 @@ is missing, "highs" falls back to CBC with a logged warning.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -113,7 +114,8 @@ class MilpModel:
 
 
 class Progress:
-    """A spinner line on stderr (rich) that appears only when the work lasts longer than `delay_s`.
+    """Progress on stderr for work that lasts longer than `delay_s`: a rich spinner with the elapsed
+    seconds on a terminal, otherwise one line when the delay passes and one when the work ends.
 
     Used as a context manager; `update(text)` changes the label. Does nothing when not enabled.
     """
@@ -124,19 +126,27 @@ class Progress:
         self.delay_s = delay_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._shown = False
         self._start = 0.0
 
     def update(self, text: str) -> None:
         self.text = text
 
+    def _elapsed(self) -> str:
+        return f"{time.perf_counter() - self._start:.1f} s"
+
     def _run(self) -> None:
         if self._stop.wait(self.delay_s):
+            return
+        self._shown = True
+        if not sys.stderr.isatty():
+            print(f"{self.text} ... (running)", file=sys.stderr, flush=True)
             return
         from rich.console import Console
 
         with Console(stderr=True).status(self.text) as status:
             while not self._stop.wait(0.2):
-                status.update(f"{self.text} [{time.perf_counter() - self._start:.0f} s]")
+                status.update(f"{self.text} [{self._elapsed()}]")
 
     def __enter__(self) -> Progress:
         if self.enabled:
@@ -147,8 +157,11 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._thread is None:
+            return
+        self._thread.join()
+        if self._shown:
+            print(f"{self.text} ... done in {self._elapsed()}", file=sys.stderr, flush=True)
 
 
 def resolve_solver(solver: str) -> str:

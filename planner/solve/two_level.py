@@ -21,16 +21,27 @@ symmetric copies of identical blocks, so it stays small and fast as the block co
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from planner.solve.decompose import Decomposition, decompose
+from planner.solve.evaluate import evaluate_indexed
 from planner.solve.frontier import FrontierPoint, block_frontier
 from planner.solve.ilp import ONE, BuiltModel, IlpBuilder, LinExpr
 from planner.solve.indexed import IndexedProblem
+from planner.solve.lagrange import LagrangeBound, Weights, best_multiplier
+from planner.solve.milp import MilpResult, solve_milp
+from planner.solve.min_budget import LeastMemory
+from planner.solve.problem import Solution
 
 __all__ = ["TwoLevel"]
+
+log = logging.getLogger(__name__)
 
 
 def _trail(arcs: list[tuple[int, int, int]], start: int) -> list[int]:
@@ -53,45 +64,151 @@ def _trail(arcs: list[tuple[int, int, int]], start: int) -> list[int]:
     return path[::-1]
 
 
+@dataclass
+class _Round:
+    """One outer solve over pruned frontiers: the solver result and, if it found one, the exact value
+    (seconds or peak bytes) of its assignment."""
+
+    res: MilpResult
+    built: BuiltModel
+    choice: list[int]
+    ckpt: list[int]
+    value: float
+
+
 class TwoLevel:
-    """Frontiers per class (computed once per cap and reused) and the outer ILP built from them.
+    """The two-level solve of one problem (see the module docstring).
 
     `TwoLevel(ip)` raises NotDecomposable when the blocks do not have one port and one output each.
+    Frontiers are not enumerated in full: a Lagrangian bound (`planner.solve.lagrange`) drops every label
+    that cannot be part of an answer better than a target objective. The target starts just above the
+    bound; if the outer ILP's optimum over the kept points exceeds the target, that optimum is a true
+    upper bound and one more round with it as the target is exact.
     """
 
     def __init__(self, ip: IndexedProblem) -> None:
         self.ip = ip
         self.dec: Decomposition = decompose(ip)
-        self._cache: dict[tuple[int, float, bool], list[FrontierPoint]] = {}
-        self._least = self._least_bytes()
+        self.bound = LagrangeBound(ip, self.dec)
+        self.points: list[list[FrontierPoint]] = [[] for _ in self.dec.classes]
+        self.stats: dict[str, float] = {}
 
-    def _block_least(self, cls: int) -> float:
-        shape = self.dec.classes[cls].shape
-        state = sum(float(s.min()) for s in shape.state)
-        saved = sum(float(s.min()) for s in shape.saved)
-        return state + (min(saved, float(shape.input_bytes.min())) if self.ip.checkpointing else saved)
+    def _frontiers(self, mode: str, target: float) -> None:
+        self.points = [
+            block_frontier(c.shape, checkpointing=self.ip.checkpointing, with_time=mode == "time",
+                           prune=self.bound.prune(k, target) if np.isfinite(target) else None)
+            for k, c in enumerate(self.dec.classes)
+        ]
+        self.stats["points"] = float(sum(len(p) for p in self.points))
 
-    def _least_bytes(self) -> float:
-        """A lower bound on the additive memory of the whole problem (to cap frontiers)."""
+    def _round(self, mode: str, target: float, solver: str, deadline: float) -> _Round:
+        """Frontiers pruned to `target`, the outer ILP, and the exact value of its answer. In time mode an
+        answer that exceeds the budget by solver tolerance is retried with the memory row tightened."""
+        self._frontiers(mode, target)
+        cap = self.ip.budget if mode == "time" else None
+        for _ in range(4):
+            built = self.build(mode, cap)
+            gaps = {} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
+            res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), **gaps)
+            if res.x is None:
+                return _Round(res, built, [], [], np.inf)
+            choice, ckpt = built.extract(res.x)
+            time_s, peak, _ = evaluate_indexed(self.ip, choice, ckpt)
+            if mode == "memory" or peak <= self.ip.budget:
+                return _Round(res, built, choice, ckpt, time_s if mode == "time" else float(peak))
+            log.warning("outer ILP answer exceeds the budget by %d B (tolerance); tightening", peak - self.ip.budget)
+            cap -= peak - self.ip.budget
+        return _Round(MilpResult("error", None, np.nan, np.nan, np.nan, 0.0, res.solver,
+                                 "solver tolerance keeps the answer above the budget"), built, [], [], np.inf)
+
+    def _exact(self, mode: str, lower: float, solver: str, deadline: float,
+               on_infeasible: Callable[[], bool] | None = None) -> tuple[_Round, float]:
+        """Rounds until the answer is proven optimal (or the solver stops early); returns the last round and
+        its target. on_infeasible() is asked once when a pruned round has no answer: False stops."""
+        span = max(abs(lower) * 1e-3, 1.0 if mode == "memory" else 1e-12)
+        target = lower + span if np.isfinite(lower) else np.inf
+        upper = np.inf
+        asked = False
+        self.stats["rounds"] = 0
+        while True:
+            self.stats["rounds"] += 1
+            rnd = self._round(mode, target, solver, deadline)
+            tol = 1e-9 * abs(target) if mode == "time" else 0.0
+            if rnd.res.x is not None:
+                if rnd.res.status != "optimal" or rnd.value <= target + tol:
+                    return rnd, target
+                upper = min(upper, rnd.value)  # a true upper bound: a round with it as target is exact
+                span *= 4
+                target = min(upper, lower + span)
+            elif rnd.res.status == "infeasible" and np.isfinite(target):
+                if not asked and on_infeasible is not None:
+                    asked = True
+                    if not on_infeasible():
+                        return rnd, target
+                span *= 16
+                target = lower + span if span < 1e3 * max(abs(lower), 1e-12) else np.inf
+            else:
+                return rnd, target
+
+    def least(self, solver: str, deadline: float) -> LeastMemory:
+        """The least peak memory over all assignments (proven exact unless the time limit hits)."""
+        lower = self.bound.evaluate(Weights(0.0, 1.0, 0.0), keep=True)
+        rnd, _ = self._exact("memory", lower, solver, deadline)
+        if rnd.res.x is None:
+            return LeastMemory(None, [], [], False, f"least-memory solve failed: {rnd.res.message}".strip())
+        proven = rnd.res.status == "optimal"
+        message = "" if proven else f"smallest feasible budget {int(rnd.value)} B is an upper bound (not proven)"
+        return LeastMemory(int(rnd.value), rnd.choice, rnd.ckpt, proven, message)
+
+    def solve(self, solver: str, time_limit: float) -> Solution:
+        """The fastest assignment under the budget, as a Solution (method "two_level")."""
+        start = time.perf_counter()
+        deadline = start + time_limit
         ip = self.ip
-        outer = sum(float((ip.state[v] + ip.saved[v]).min()) for v in self.dec.outer_nodes)
-        return outer + sum(self._block_least(self.dec.block_class[b]) for b in range(len(ip.block_nodes)))
+        mu = best_multiplier(self.bound, ip.budget)
+        lower = self.bound.evaluate(Weights(1.0, mu, mu * ip.budget), keep=True)
+        self.stats.update(mu=mu, lower=lower)
+        least: list[LeastMemory] = []
 
-    def frontier(self, cls: int, budget: int | None, with_time: bool) -> list[FrontierPoint]:
-        """The class's frontier, without points that cannot fit `budget` (None: all points)."""
-        cap = np.inf if budget is None else budget - (self._least - self._block_least(cls))
-        key = (cls, cap, with_time)
-        if key not in self._cache:
-            self._cache[key] = block_frontier(self.dec.classes[cls].shape, checkpointing=self.ip.checkpointing,
-                                              cap_bytes=cap, with_time=with_time)
-        return self._cache[key]
+        def still_feasible() -> bool:
+            least.append(self.least(solver, max(deadline, time.perf_counter() + time_limit)))
+            fits = least[0].peak_bytes is not None and least[0].peak_bytes <= ip.budget
+            if fits:  # the memory rounds replaced the bound's weights: restore them
+                self.bound.evaluate(Weights(1.0, mu, mu * ip.budget), keep=True)
+            return fits
 
-    def frontier_sizes(self) -> list[int]:
-        """Points per class in the most recently built time frontier (for reports)."""
-        return [len(pts) for (cls, _, t), pts in self._cache.items() if t]
+        rnd, target = self._exact("time", lower, solver, deadline, still_feasible)
+        seconds = time.perf_counter() - start
+        names = ip.names
+        if rnd.res.x is not None:
+            gap = 0.0
+            if rnd.res.status != "optimal":
+                found = rnd.res.bound / rnd.built.scale if np.isfinite(rnd.res.bound) else lower
+                floor = max(lower, min(found, target))
+                gap = max(0.0, (rnd.value - floor) / abs(rnd.value)) if rnd.value else 0.0
+            return Solution(
+                status=rnd.res.status, choice=dict(zip(names, rnd.choice)),
+                checkpointed=[ip.block_names[b] for b in rnd.ckpt], objective=rnd.value, gap=gap, seconds=seconds,
+                solver=rnd.res.solver, peak_bytes=evaluate_indexed(ip, rnd.choice, rnd.ckpt)[1], method="two_level",
+                message="" if rnd.res.status == "optimal" else rnd.res.message,
+            )
+        if rnd.res.status == "infeasible":
+            if not least:
+                least.append(self.least(solver, max(deadline, time.perf_counter() + time_limit)))
+            lm = least[0]
+            t_s, peak = evaluate_indexed(ip, lm.choice, lm.checkpointed)[:2] if lm.choice else (np.nan, 0)
+            return Solution(
+                status="infeasible", choice=dict(zip(names, lm.choice)),
+                checkpointed=[ip.block_names[b] for b in lm.checkpointed], objective=t_s,
+                seconds=time.perf_counter() - start, solver=rnd.res.solver, peak_bytes=peak,
+                min_feasible_budget=lm.peak_bytes, method="two_level", message=lm.message,
+            )
+        message = rnd.res.message or f"solver status {rnd.res.status}"
+        return Solution(status="error", seconds=seconds, solver=rnd.res.solver, method="two_level",
+                        message=f"{message}; no assignment found within time_limit={time_limit:g} s: raise time_limit")
 
     def build(self, mode: str, budget: int | None) -> BuiltModel:
-        """The outer ILP (see the module docstring) for `mode` "time" or "memory" under `budget`."""
+        """The outer ILP (see the module docstring) over `self.points` for mode "time" or "memory"."""
         ip, dec = self.ip, self.dec
         b = IlpBuilder(ip)
         s = {v: b.one_hot(ip.sizes[v]) for v in dec.outer_nodes}
@@ -110,10 +227,10 @@ class TwoLevel:
         levels: dict[int, int] = {}
         counts = []
         for seg in dec.segments:
-            pts = self.frontier(seg.cls, budget, with_time=mode == "time")
-            counts.append(self._segment(b, seg.blocks, pts, ind(seg.port), ind(seg.out) if seg.out is not None
-                                        else None, levels))
+            counts.append(self._segment(b, seg.blocks, self.points[seg.cls], ind(seg.port),
+                                        ind(seg.out) if seg.out is not None else None, levels))
         model = b.finish(mode, budget)
+        points = self.points
 
         def extract(x: np.ndarray) -> tuple[list[int], list[int]]:
             choice = [0] * ip.n
@@ -121,7 +238,7 @@ class TwoLevel:
                 choice[v] = 0 if vec[0] == ONE else int(np.argmax(x[vec]))
             ckpt = []
             for seg, n in zip(dec.segments, counts):
-                pts = self.frontier(seg.cls, budget, with_time=mode == "time")
+                pts = points[seg.cls]
                 port = ind(seg.port)
                 start = 0 if port[0] == ONE else int(np.argmax(x[port]))
                 arcs = [(pts[i].p, pts[i].q, i) for i in range(len(pts)) for _ in range(int(round(x[n[i]])))]
@@ -132,7 +249,7 @@ class TwoLevel:
                         ckpt.append(blk)
             return choice, sorted(ckpt)
 
-        return BuiltModel(model, b.unit, extract)
+        return BuiltModel(model, b.unit, extract, b.scale)
 
     def _segment(self, b: IlpBuilder, blocks: list[int], pts: list[FrontierPoint], start: np.ndarray,
                  end: np.ndarray | None, levels: dict[int, int]) -> np.ndarray:
@@ -147,6 +264,9 @@ class TwoLevel:
         b.time.add(n, np.array([pt.time_s for pt in pts]))
         b.memory.add(n, np.array([pt.add_bytes for pt in pts], dtype=float))
         tops = np.array([pt.max_bytes for pt in pts])
+        average = LinExpr()  # valid: T >= the mean max-term bytes of the segment's blocks
+        average.add(n, tops / m)
+        b.tops.append((average, float(tops.max())))
         for level in np.unique(tops[tops > 0]):
             if int(level) not in levels:
                 lam = int(b.model.add_vars(1, integer=True)[0])
