@@ -32,8 +32,9 @@ import torch.utils._pytree as pytree
 from cost_models.layout import Layout
 from cost_models.ops import OpNode
 from cost_models.strategies.views import broadcast_axes
+from layers3d.redistribute import redistribute
 from planner.apply_layers import GradReduce, OutputReduce
-from planner.apply_values import ApplyError, NodeValues, activation_args, map_aggregate, op_name
+from planner.apply_values import ApplyError, NodeValues, ParamRef, activation_args, map_aggregate, op_name
 from planner.graph import ModelGraph
 from planner.plan_format import Assignment
 
@@ -54,8 +55,6 @@ class Redistribute(nn.Module):
         self.src, self.dst, self.shape, self.mesh, self.tag = src, dst, tuple(shape), mesh, tag
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from layers3d.redistribute import redistribute
-
         return redistribute(x, self.src, self.dst, self.mesh, self.shape, tag=self.tag)
 
     def extra_repr(self) -> str:
@@ -215,7 +214,7 @@ class _Rewriter:
             new = self._emit("call_module", path, tuple(acts), {}, name=node.name)
             self._done(node, op, a, new)
             return
-        params = [p for p in pytree.tree_leaves((args, kwargs)) if hasattr(p, "transposed") and hasattr(p, "name")]
+        params = [p for p in pytree.tree_leaves((args, kwargs)) if isinstance(p, ParamRef)]
         if params:
             raise ApplyError(f"op {op.name} ({op.target}) reads parameter {params[0].name} but is not a layer "
                              f"the planner can parallelise; keep parameters inside nn.Linear / nn.Embedding / "

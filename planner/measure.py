@@ -131,11 +131,12 @@ def note_kept(tensors: Iterable[object]) -> None:
 
 
 @contextmanager
-def cuda_peak_memory(device: torch.device | None = None) -> Iterator[dict[str, int]]:
-    """Peak bytes allocated on a CUDA device inside the block, written to the yielded dict under "peak"
-    (and the bytes already allocated on entry under "start"). Yields an empty dict off CUDA."""
+def cuda_peak_memory(device: torch.device | None) -> Iterator[dict[str, int]]:
+    """Peak bytes allocated on CUDA `device` inside the block, written to the yielded dict under "peak"
+    (the bytes already allocated on entry under "start"). With `device` None (a CPU run) the dict stays
+    empty: the CPU allocator keeps no such record."""
     result: dict[str, int] = {}
-    if not torch.cuda.is_available():
+    if device is None or device.type != "cuda":
         yield result
         return
     torch.cuda.synchronize(device)

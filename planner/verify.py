@@ -83,10 +83,10 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
 
     from layers3d.comm import CommCounter
     from planner.apply import apply_plan
-    from planner.measure import SavedActivationMeter
+    from planner.measure import SavedActivationMeter, cuda_peak_memory
     from planner.plan_format import Plan
     from planner.state import gather_grads, gather_state_dict
-    from planner.verify_predict import by_kind, predicted_collectives
+    from planner.verify_predict import by_kind, by_kind_equal, predicted_collectives
     from planner.verify_report import ErrorRow, VerifyReport, format_report, rel_error
 
     rank = dist.get_rank()
@@ -106,7 +106,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     out_d = _call(dense, inputs)
     loss_d = _loss(out_d)
     loss_d.backward()
-    with CommCounter() as counter:
+    with CommCounter() as counter, cuda_peak_memory(device if device.type == "cuda" else None) as peak:
         with SavedActivationMeter.for_module(parallel) as meter:
             out_p = _call(parallel, inputs)
             loss_p = _loss(out_p)
@@ -126,8 +126,13 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     predicted = predicted_collectives(parallel.source_graph, plan)
     report.predicted_comm, report.plan_comm_total = by_kind(predicted.collectives), predicted.plan_total_bytes
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, meter.bytes)
-    report.measured_act = [int(b) for b in gathered]
+    dist.all_gather_object(gathered, (meter.bytes, dict(report.measured_comm), peak.get("peak", 0) - peak.get("start", 0)))
+    report.measured_act = [int(b) for b, _, _ in gathered]
+    report.comm_off_ranks = [r for r, (_, comm, _) in enumerate(gathered)
+                             if not by_kind_equal(comm, report.predicted_comm)]
+    if peak:
+        report.step_peak = [int(p) for _, _, p in gathered]
+        report.predicted_step_peak = plan.predicted.activation_bytes + plan.predicted.transient_bytes
 
     # --- training steps ------------------------------------------------------------------------------
     if steps > 0:

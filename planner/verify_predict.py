@@ -21,7 +21,7 @@ from cost_models.strategy import Collective, Strategy
 from planner.graph import ModelGraph
 from planner.plan_format import Assignment, Plan, PlanError
 
-__all__ = ["PredictedComm", "predicted_collectives", "by_kind"]
+__all__ = ["PredictedComm", "predicted_collectives", "by_kind", "by_kind_equal"]
 
 
 @dataclass
@@ -95,3 +95,8 @@ def by_kind(collectives: list[Collective]) -> Counter:
     for c in collectives:
         total[(c.kind, c.phase)] += c.bytes
     return total
+
+
+def by_kind_equal(a: dict, b: dict) -> bool:
+    """Whether two bytes-per-(kind, phase) tables agree (zero entries count as absent)."""
+    return {k: v for k, v in a.items() if v} == {k: v for k, v in b.items() if v}

@@ -60,6 +60,9 @@ class VerifyReport:
     plan_comm_total: int = 0
     measured_act: list[int] = field(default_factory=list)
     predicted_act: int = 0
+    comm_off_ranks: list[int] = field(default_factory=list)  # ranks whose collectives differ from the prediction
+    step_peak: list[int] = field(default_factory=list)  # CUDA only: allocator peak above the memory held before
+    predicted_step_peak: int = 0
 
     # --- verdicts --------------------------------------------------------------------------------
     def numeric_ok(self) -> bool:
@@ -67,7 +70,7 @@ class VerifyReport:
             abs(p - d) <= self.tol * max(abs(d), 1e-30) for d, p in self.step_losses)
 
     def comm_ok(self) -> bool:
-        return self.measured_comm == self.predicted_comm
+        return self.measured_comm == self.predicted_comm and not self.comm_off_ranks
 
     def act_errors(self) -> list[float]:
         p = max(self.predicted_act, 1)
@@ -119,6 +122,8 @@ def format_report(r: VerifyReport) -> str:
     if r.plan_comm_total != tp:
         lines.append(f"  note: the plan's predicted.comm_bytes is {_fmt_bytes(r.plan_comm_total)}, its collectives "
                      f"recomputed per kind sum to {_fmt_bytes(tp)}: the plan file is out of step with the cost model")
+    if r.comm_off_ranks:
+        lines.append(f"  FAIL: on ranks {r.comm_off_ranks} the collectives differ from the prediction")
     if r.unplanned_comm:
         lines.append("  not in the plan (input/output conversions of the drop-in interface, tied weights):")
         lines += ["    " + f"{k} [{tag}]: {_fmt_bytes(b)}" for (k, tag), b in sorted(r.unplanned_comm.items())]
@@ -127,6 +132,11 @@ def format_report(r: VerifyReport) -> str:
     rows = [(f"rank {i}", _fmt_bytes(m), _fmt_bytes(r.predicted_act), f"{e:+.2%}", _mark(abs(e) <= r.act_tol))
             for i, (m, e) in enumerate(zip(r.measured_act, r.act_errors()))]
     lines += _table(rows, ("rank", "measured", "predicted", "diff", ""))
+    if r.step_peak:
+        lines += ["", "Peak memory of the first step above what was allocated before it (CUDA allocator; for "
+                      "information: the prediction is activations + transient):"]
+        lines += _table([(f"rank {i}", _fmt_bytes(p), _fmt_bytes(r.predicted_step_peak))
+                         for i, p in enumerate(r.step_peak)], ("rank", "measured", "predicted"))
     verdict = "PASS" if r.ok else "FAIL: " + ", ".join(
         w for w, ok in (("numerics", r.numeric_ok()), ("communication", r.comm_ok()), ("activations", r.act_ok()))
         if not ok)
