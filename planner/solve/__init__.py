@@ -26,7 +26,7 @@ from planner.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNo
 from planner.solve.two_level import TwoLevel
 
 __all__ = [
-    "AUTO_FLAT_LIMIT", "METHODS", "Block", "Choice", "NotDecomposable", "Problem", "ProblemEdge", "ProblemError",
+    "AUTO_FLAT_LIMIT", "METHODS", "PROGRESS_DELAY_S", "Block", "Choice", "NotDecomposable", "Problem", "ProblemEdge", "ProblemError",
     "ProblemNode", "Solution", "SolverError", "brute_force", "evaluate", "solve",
 ]
 
@@ -36,6 +36,8 @@ METHODS = ("auto", "flat", "two_level")
 # method="auto" uses the two-level solve when the flat ILP would have more integer variables than this
 # (and some class has >= 2 identical blocks). Below it the flat ILP solves in well under a second.
 AUTO_FLAT_LIMIT = 300
+# progress=True shows a line only for solves longer than this (seconds)
+PROGRESS_DELAY_S = 1.0
 
 
 def _pick_method(ip: IndexedProblem) -> str:
@@ -71,7 +73,7 @@ def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, 
     start = time.perf_counter()
     ip = IndexedProblem(problem)
     chosen = _pick_method(ip) if method == "auto" else method
-    with Progress(progress, f"planner: {chosen.replace('_', '-')} solve of {ip.n} nodes"):
+    with Progress(progress, f"planner: {chosen.replace('_', '-')} solve of {ip.n} nodes", PROGRESS_DELAY_S):
         sol = None
         if chosen == "two_level":
             try:

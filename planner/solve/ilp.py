@@ -155,8 +155,8 @@ class IlpBuilder:
         idx, val = self.memory.arrays()
         mem_idx = np.concatenate([idx, [t_var]])
         mem_val = np.concatenate([val / self.unit, [1.0]])
-        if budget is not None:
-            m.add_row(mem_idx, mem_val, hi=(budget - self.memory.const) / self.unit)
+        if budget is not None:  # peaks are whole bytes: half a byte of slack accepts exactly peak <= budget
+            m.add_row(mem_idx, mem_val, hi=(budget + 0.5 - self.memory.const) / self.unit)
         self.scale = self.time_scale if mode == "time" else 1.0 / self.unit
         if mode == "time":
             t_idx, t_val = self.time.arrays()

@@ -186,6 +186,7 @@ class IndexedProblem:
         return max(total, self.budget, 1)
 
     def memory_unit(self) -> int:
-        """A power of two such that memory terms in that unit stay below ~1e6 (exact below one byte of
-        solver tolerance, and well scaled next to the 0/1 variables)."""
-        return 1 << max(0, math.ceil(math.log2(self.memory_magnitude() / 1e6)))
+        """A power of two such that memory terms in that unit stay below 2^24: well scaled next to the 0/1
+        variables, and with the solvers' feasibility tolerance (1e-9 here) far below one byte up to
+        petabytes, so the memory row can be exact in whole bytes."""
+        return 1 << max(0, math.ceil(math.log2(self.memory_magnitude() / 2**24)))

@@ -12,6 +12,7 @@ import logging
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -240,6 +241,8 @@ def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: f
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", float(rel_gap))
     h.setOptionValue("mip_abs_gap", float(abs_gap))
+    h.setOptionValue("primal_feasibility_tolerance", 1e-9)
+    h.setOptionValue("mip_feasibility_tolerance", 1e-9)
     h.passModel(lp)
     h.HandleKeyboardInterrupt = True  # solve in a thread: Ctrl-C works and a progress spinner keeps turning
     h.solve()
@@ -265,8 +268,12 @@ def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: flo
 
     a = model.arrays()
     prob = pulp.LpProblem("planner", pulp.LpMinimize)
+    def bound(v: float) -> float | None:
+        return float(v) if np.isfinite(v) else None  # PuLP spells "unbounded" None
+
     xs = [
-        pulp.LpVariable(f"x{i}", lowBound=lo, upBound=hi, cat=pulp.LpInteger if integer else pulp.LpContinuous)
+        prob.add_variable(f"x{i}", lowBound=bound(lo), upBound=bound(hi),
+                          cat=pulp.LpInteger if integer else pulp.LpContinuous)
         for i, (lo, hi, integer) in enumerate(zip(a["lb"], a["ub"], a["integer"]))
     ]
     nz = np.nonzero(a["cost"])[0]
@@ -282,7 +289,13 @@ def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: flo
             prob += expr >= float(lo)
         if np.isfinite(hi):
             prob += expr <= float(hi)
-    cmd = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap)
+    options = dict(msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap)
+    if pulp.COIN_CMD(msg=False).available():  # a system CBC (pip install pulp[cbc]): PuLP 4's way
+        cmd = pulp.COIN_CMD(**options)
+    else:
+        with warnings.catch_warnings():  # PuLP 3.3 deprecates its bundled CBC but still ships it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            cmd = pulp.PULP_CBC_CMD(**options)
     prob.solve(cmd)
     if prob.status == pulp.LpStatusInfeasible:
         return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, "cbc")

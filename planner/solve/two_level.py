@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.solve.decompose import Decomposition, decompose
+from planner.solve.driver import infeasible_or_fallback
 from planner.solve.evaluate import evaluate_indexed
 from planner.solve.frontier import FrontierPoint, block_frontier
 from planner.solve.ilp import ONE, BuiltModel, IlpBuilder, LinExpr
@@ -105,7 +106,7 @@ class TwoLevel:
         """Frontiers pruned to `target`, the outer ILP, and the exact value of its answer. In time mode an
         answer that exceeds the budget by solver tolerance is retried with the memory row tightened."""
         self._frontiers(mode, target)
-        cap = self.ip.budget if mode == "time" else None
+        cap, shrink = (self.ip.budget if mode == "time" else None), 0
         for _ in range(4):
             built = self.build(mode, cap)
             gaps = {} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
@@ -116,9 +117,11 @@ class TwoLevel:
             time_s, peak, _ = evaluate_indexed(self.ip, choice, ckpt)
             if mode == "memory" or peak <= self.ip.budget:
                 return _Round(res, built, choice, ckpt, time_s if mode == "time" else float(peak))
-            log.warning("outer ILP answer exceeds the budget by %d B (tolerance); tightening", peak - self.ip.budget)
-            cap -= peak - self.ip.budget
-        return _Round(MilpResult("error", None, np.nan, np.nan, np.nan, 0.0, res.solver,
+            shrink = max(4 * shrink, peak - self.ip.budget)  # see driver.solve_built
+            log.warning("outer ILP answer exceeds the budget by %d B (tolerance); tightening by %d B",
+                        peak - self.ip.budget, shrink)
+            cap = self.ip.budget - shrink
+        return _Round(MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, res.solver,
                                  "solver tolerance keeps the answer above the budget"), built, [], [], np.inf)
 
     def _exact(self, mode: str, lower: float, solver: str, deadline: float,
@@ -195,14 +198,8 @@ class TwoLevel:
         if rnd.res.status == "infeasible":
             if not least:
                 least.append(self.least(solver, max(deadline, time.perf_counter() + time_limit)))
-            lm = least[0]
-            t_s, peak = evaluate_indexed(ip, lm.choice, lm.checkpointed)[:2] if lm.choice else (np.nan, 0)
-            return Solution(
-                status="infeasible", choice=dict(zip(names, lm.choice)),
-                checkpointed=[ip.block_names[b] for b in lm.checkpointed], objective=t_s,
-                seconds=time.perf_counter() - start, solver=rnd.res.solver, peak_bytes=peak,
-                min_feasible_budget=lm.peak_bytes, method="two_level", message=lm.message,
-            )
+            base = dict(seconds=time.perf_counter() - start, solver=rnd.res.solver, method="two_level")
+            return infeasible_or_fallback(ip, least[0], base)
         message = rnd.res.message or f"solver status {rnd.res.status}"
         return Solution(status="error", seconds=seconds, solver=rnd.res.solver, method="two_level",
                         message=f"{message}; no assignment found within time_limit={time_limit:g} s: raise time_limit")

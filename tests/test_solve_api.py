@@ -1,0 +1,83 @@
+"""solve()'s options: time limit, CBC and the fallback to it, argument errors, the progress line."""
+
+import logging
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import planner.solve as solve_pkg
+from planner.solve import SolverError, brute_force, evaluate, solve
+from planner.solve.milp import Progress
+from planner.solve.synthetic import random_problem, repeated_blocks
+
+
+def _small(seed: int, fraction: float = 0.6):
+    rng = np.random.default_rng(seed)
+    return random_problem(rng, n_nodes=6, max_choices=3, n_blocks=2, budget_fraction=fraction)
+
+
+def test_time_limit_gives_feasible_with_gap_or_a_clear_error() -> None:
+    # 12 identical blocks of 8 ops x 10 choices: the flat ILP needs minutes to prove optimality
+    problem = repeated_blocks(np.random.default_rng(0), n_blocks=12, block_nodes=8, choices=10, residual=False)
+    sol = solve(problem, method="flat", time_limit=1.0)
+    assert sol.status in ("feasible", "error")
+    if sol.status == "feasible":
+        assert 0 < sol.gap < 1
+        assert sol.peak_bytes <= problem.budget_bytes
+        assert evaluate(problem, sol.choice, sol.checkpointed)[:2] == (sol.objective, sol.peak_bytes)
+    else:
+        assert "raise time_limit" in sol.message and not sol.choice
+
+
+@pytest.mark.parametrize(("seed", "fraction"), [(1, 0.6), (2, 0.7), (4, 0.3)])
+def test_cbc_finds_the_same_optimum(seed: int, fraction: float) -> None:
+    problem = _small(seed, fraction)
+    ref, sol = brute_force(problem), solve(problem, solver="cbc")
+    assert sol.solver == "cbc" and sol.status == ref.status
+    if ref.status == "optimal":
+        assert sol.objective == pytest.approx(ref.objective, rel=1e-9)
+    else:
+        assert sol.min_feasible_budget == ref.min_feasible_budget
+
+
+def test_missing_highspy_falls_back_to_cbc(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    problem = _small(1)
+    monkeypatch.setitem(sys.modules, "highspy", None)  # `import highspy` now raises ImportError
+    with caplog.at_level(logging.WARNING, logger="planner.solve.milp"):
+        sol = solve(problem, solver="highs")
+    assert "falling back to CBC" in caplog.text
+    assert sol.solver == "cbc"
+    assert sol.objective == pytest.approx(brute_force(problem).objective, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [({"solver": "gurobi"}, "unknown solver"), ({"method": "greedy"}, "unknown method"),
+     ({"time_limit": 0}, "time_limit must be > 0")],
+)
+def test_bad_options_raise_solver_error(kwargs: dict, words: str) -> None:
+    with pytest.raises(SolverError, match=words):
+        solve(_small(1), **kwargs)
+    assert issubclass(SolverError, ValueError)
+
+
+def test_progress_line_for_long_work(capsys: pytest.CaptureFixture) -> None:
+    with Progress(True, "working", delay_s=0.05):
+        time.sleep(0.3)
+    err = capsys.readouterr().err
+    assert "working ... (running)" in err and "working ... done in" in err
+    with Progress(True, "quick", delay_s=5.0):
+        pass
+    with Progress(False, "off", delay_s=0.0):
+        time.sleep(0.1)
+    assert capsys.readouterr().err == ""
+
+
+def test_solve_shows_progress_only_when_asked(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(solve_pkg, "PROGRESS_DELAY_S", 0.0)
+    solve(_small(2), progress=False)
+    assert capsys.readouterr().err == ""
+    solve(_small(2), progress=True)
+    assert "planner: flat solve of 6 nodes ... done in" in capsys.readouterr().err
