@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 METHODS = ("auto", "flat", "two_level")
 # method="auto" uses the two-level solve when the flat ILP would have more integer variables than this
 # (and some class has >= 2 identical blocks). Below it the flat ILP solves in well under a second.
-AUTO_FLAT_LIMIT = 300
+AUTO_FLAT_LIMIT = 50
 # progress=True shows a line only for solves longer than this (seconds)
 PROGRESS_DELAY_S = 1.0
 

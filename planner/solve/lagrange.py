@@ -11,8 +11,10 @@ max term can take; inside bucket j every op's transient and every checkpointed b
 are at most L_j, and mu·T >= mu·L_{j-1}. Each segment of m identical blocks is a walk through the output
 node's choices, so the least w of k blocks ending at choice p (`fwd`) and of k blocks starting at q
 (`bwd`) follow from the cheapest block per boundary (p, q) and bucket, found by small dynamic programs:
-over transient levels for plain blocks and over recomputed-byte buckets (rounded down: a relaxation) for
-checkpointed ones. Boundaries between segments and outer nodes are left free (another relaxation).
+over transient levels for plain blocks and over recomputed-byte buckets for checkpointed ones (bytes
+rounded down and transients of checkpointed blocks not limited: relaxations, so still a lower bound). A
+segment's walk starts at its port's choice and ends by paying its cheapest edges to outer nodes for that
+output choice; other outer nodes and edges count at their least (relaxations again).
 
 A frontier label (part of one block) is then bounded by its own w, the cheapest completion of the block
 from its state to each output choice q (`completion`), and the best rest of the problem given (p, q) and a

@@ -14,9 +14,18 @@ segment of m chained blocks of one class, an integer count n_π in [0, m] per fr
   binary λ_L forced to 1 when any point with that value is used,
 * time adds sum n_π·time_s(π).
 
+* a valid cut T >= (sum n_π·max_bytes(π)) / m (the max is at least the mean) tightens the relaxation.
+
 An Eulerian trail of the chosen arcs orders the points along the segment, so each block gets its own point
 (per-layer mixing is kept) and the result is exact: it equals the flat ILP's optimum. The outer ILP has no
 symmetric copies of identical blocks, so it stays small and fast as the block count grows.
+
+Full frontiers are large (thousands of points per boundary for 8 ops x 10 choices), so they are never
+enumerated: `planner.solve.lagrange` bounds every partial assignment of a block by the best objective any
+answer using it can reach, and the frontier DP drops labels above a target. The target starts just above
+the bound; an outer optimum above the target is a true upper bound and becomes the next target, and an
+outer optimum at or below its round's target is the global optimum (every point of any better answer was
+kept). Typically two or three rounds over a few hundred points.
 """
 
 from __future__ import annotations
@@ -144,12 +153,12 @@ class TwoLevel:
                 span *= 4
                 target = min(upper, lower + span)
             elif rnd.res.status == "infeasible" and np.isfinite(target):
-                if not asked and on_infeasible is not None:
+                if not asked and on_infeasible is not None and not np.isfinite(upper):
                     asked = True
                     if not on_infeasible():
                         return rnd, target
                 span *= 16
-                target = lower + span if span < 1e3 * max(abs(lower), 1e-12) else np.inf
+                target = min(upper, lower + span if span < 1e3 * max(abs(lower), 1e-12) else np.inf)
             else:
                 return rnd, target
 
