@@ -7,3 +7,18 @@ from pathlib import Path
 ROOT = str(Path(__file__).resolve().parents[1])
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def full_enumeration(monkeypatch):
+    """Enumerate every axis assignment (no symmetry reduction) for the duration of a test."""
+    from cost_models.strategies import base, clear_caches
+
+    monkeypatch.setattr(base, "REDUCE_SYMMETRY", False)
+    clear_caches()
+    yield
+    monkeypatch.undo()
+    clear_caches()

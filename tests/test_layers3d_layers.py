@@ -227,7 +227,7 @@ def _predict(op: OpNode, candidates: list | None, pick: Callable[[Strategy], boo
     return op_cost(op, found[0], Mesh(MESH), load_profile("cpu-gloo"), device="cpu")
 
 
-def test_norm_and_embedding_equal_the_cost_model(measured: list[dict]) -> None:
+def test_norm_and_embedding_equal_the_cost_model(measured: list[dict], full_enumeration) -> None:
     from cost_models.ops import ParamInfo, TensorMeta
 
     for i, case in enumerate(NORM_CASES):

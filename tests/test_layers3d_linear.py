@@ -288,7 +288,7 @@ def _linear_op(c: Case):  # -> (OpNode, Strategy | None)
     return op, None
 
 
-def test_layouts_and_collectives_equal_the_cost_model(measured: list[dict]) -> None:
+def test_layouts_and_collectives_equal_the_cost_model(measured: list[dict], full_enumeration) -> None:
     """cost_models.strategies prices the same collectives (kind, axes, bytes, phase, tag) and the same
     input / output / parameter layouts as the runtime measures and uses."""
     from cost_models.hardware import load_profile
