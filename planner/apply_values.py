@@ -21,7 +21,6 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from planner.graph import ModelGraph
 
@@ -85,44 +84,44 @@ class NodeValues:
     folded: dict[str, Any]
 
 
+def _meta(meta: Any) -> torch.Tensor:
+    return torch.empty(meta.shape, dtype=getattr(torch, meta.dtype), device="meta")
+
+
 class _Eval(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, feeds: dict[str, Any]) -> None:
-        super().__init__(gm, garbage_collect_values=False)
-        self.feeds = feeds
+    """Evaluates only what the ops do not already say: every op's value is a meta tensor of its captured
+    output shape, and the remaining nodes (sizes, shape arithmetic, parameter views) run on those."""
+
+    def __init__(self, graph: ModelGraph, model: nn.Module) -> None:
+        super().__init__(graph.gm, garbage_collect_values=False)
+        self.ops = {n.name: n for n in graph.nodes}
+        self.params = dict(model.named_parameters())
         self.values: dict[str, Any] = {}
 
-    def placeholder(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self.feeds.get(str(target), args[0] if args else None)
-
     def run_node(self, n: fx.Node) -> Any:
-        value = super().run_node(n)
+        op = self.ops.get(n.name)
+        if op is not None and op.kind != "output":
+            outs = [_meta(m) for m in op.outputs]
+            value: Any = outs[0] if len(outs) == 1 else outs
+        elif n.op == "placeholder":
+            value = n.args[0] if n.args else None
+        elif n.op == "get_attr" and str(n.target) in self.params:
+            value = torch.empty_like(self.params[str(n.target)], device="meta")
+        else:
+            value = super().run_node(n)
         self.values[n.name] = value
         return value
 
 
 def _eval_values(graph: ModelGraph, model: nn.Module) -> dict[str, Any]:
-    """Run the traced graph on fake tensors of the traced input shapes; every node's value by name."""
+    """Every node's global value by name: recorded by torch.export (node.meta["val"]), else worked out
+    on meta tensors from the captured shapes (nothing is allocated or computed)."""
     gm = graph.gm
     if all("val" in n.meta for n in gm.graph.nodes if n.op not in ("output",)):
         return {n.name: n.meta["val"] for n in gm.graph.nodes if n.op != "output"}
-    on_meta = any(p.device.type == "meta" for p in model.parameters())  # (its buffers were traced as meta)
-    mode = None if on_meta else FakeTensorMode(allow_non_fake_inputs=True)
-    feeds: dict[str, Any] = {}
-    for op in graph.nodes:
-        if op.kind == "input":
-            dtype = getattr(torch, op.out.dtype)
-            if mode is None:
-                feeds[op.name] = torch.empty(op.out.shape, dtype=dtype, device="meta")
-            else:
-                with mode:
-                    feeds[op.name] = torch.empty(op.out.shape, dtype=dtype)
-    interp = _Eval(gm, feeds)
+    interp = _Eval(graph, model)
     with torch.no_grad():
-        if mode is None:
-            interp.run()
-        else:
-            with mode:
-                interp.run()
+        interp.run()
     return interp.values
 
 

@@ -136,6 +136,9 @@ class RankGuard:
                   file=sys.stderr, flush=True)
         else:
             print(f"[planner] {text}", file=sys.stderr, flush=True)
+            # The root cause stays up a few polls, so that every watchdog reads it before a launcher
+            # (torchrun) tears the group down on this exit.
+            time.sleep(3 * self.poll_s)
         sys.stdout.flush()
         self._exit(self.exit_code if code is None else code)
 

@@ -1,9 +1,10 @@
-"""What the distributed apply tests run on every rank: a plan applied next to the dense model.
+"""What the distributed apply tests run: a plan applied next to a dense reference.
 
-`compare_with_dense` applies a plan, runs one forward/backward of the dense and the parallel model on the
-same inputs (counting the parallel collectives), then `steps` AdamW steps of both, and returns plain
-numbers: relative errors of loss and gradients, the losses after each step, the state-dict error after the
-steps, and measured and predicted collective bytes per (kind, phase). Ranks send these back as bytes.
+`dense_reference` trains the dense model once, in the parent process (every rank would compute the same
+numbers): its loss and gradients, then `steps` AdamW steps with the loss after each, then its state dict.
+`compare_with_dense` runs on every rank: it applies the plan, repeats the same forward/backward (counting
+the parallel collectives and the saved activations) and the same steps, and returns plain numbers:
+relative errors against the reference, measured and predicted collective bytes per (kind, phase).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from cost_models.mesh import Mesh
 from layers3d.comm import CommCounter
+from layers3d.mesh import DeviceMesh
 from planner.apply import apply_plan
 from planner.measure import SavedActivationMeter
 from planner.plan_format import Plan
@@ -22,7 +25,10 @@ from planner.state import gather_grads, gather_state_dict
 from planner.verify_predict import by_kind, predicted_collectives
 from planner.verify_report import rel_error
 
-__all__ = ["compare_with_dense", "call", "loss_of"]
+__all__ = ["dense_reference", "compare_with_dense", "device_mesh", "call", "loss_of", "LR", "EPS"]
+
+LR, EPS = 1e-3, 1e-6  # AdamW; eps above torch's 1e-8, see `planner verify --help` (--adam-eps)
+Build = Callable[[], tuple[nn.Module, Any]]
 
 
 def call(model: nn.Module, inputs: Any) -> Any:
@@ -37,22 +43,52 @@ def loss_of(out: Any) -> torch.Tensor:
     return out[0]
 
 
-def compare_with_dense(build: Callable[[], tuple[nn.Module, Any]], plan: Plan, *, steps: int = 5, lr: float = 1e-3,
-                       eps: float = 1e-6, inputs_mode: str = "full") -> dict[str, Any]:
-    """See the module docstring. `build()` returns (dense model, inputs) the same on every rank."""
+def _train(model: nn.Module, inputs: Any, steps: int) -> list[float]:
+    """`steps` AdamW steps from the gradients already in `model`; the loss after each step."""
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS)
+    losses = []
+    for k in range(steps):
+        opt.step()
+        model.zero_grad(set_to_none=True)
+        with torch.set_grad_enabled(k + 1 < steps):
+            loss = loss_of(call(model, inputs))
+        losses.append(loss.item())
+        if k + 1 < steps:
+            loss.backward()
+    return losses
+
+
+def dense_reference(build: Build, steps: int) -> dict[str, Any]:
+    """The dense model's loss, gradients, losses after each AdamW step and final state dict."""
+    model, inputs = build()
+    loss = loss_of(call(model, inputs))
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"loss": loss.item(), "grads": grads, "step_losses": _train(model, inputs, steps),
+            "state": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+_MESHES: dict[Mesh, DeviceMesh] = {}
+
+
+def device_mesh(mesh: Mesh) -> DeviceMesh:
+    """One DeviceMesh per mesh shape in this process (creating its process groups is the slow part)."""
+    if mesh not in _MESHES:
+        _MESHES[mesh] = DeviceMesh(mesh)
+    return _MESHES[mesh]
+
+
+def compare_with_dense(build: Build, plan: Plan, ref: dict[str, Any], *, inputs_mode: str = "full") -> dict[str, Any]:
+    """See the module docstring; `ref` is `dense_reference(build, steps)`."""
     dense, inputs = build()
-    parallel = apply_plan(dense, plan, inputs=inputs_mode)
-    loss_d = loss_of(call(dense, inputs))
-    loss_d.backward()
+    parallel = apply_plan(dense, plan, inputs=inputs_mode, mesh=device_mesh(plan.mesh))
     with CommCounter() as counter:
         with SavedActivationMeter.for_module(parallel) as meter:
-            loss_p = loss_of(call(parallel, inputs))
-        loss_p.backward()
-    params = dict(dense.named_parameters())
-    grads = gather_grads(parallel)
-    grad_err = {n: rel_error(g, params[n].grad) for n, g in grads.items()}
+            loss = loss_of(call(parallel, inputs))
+        loss.backward()
+    grad_err = {n: rel_error(g, ref["grads"][n]) for n, g in gather_grads(parallel).items()}
     out: dict[str, Any] = {
-        "loss": (loss_d.item(), loss_p.item()),
+        "loss": (ref["loss"], loss.item()),
         "grad_error": max(grad_err.values()),
         "worst_grad": max(grad_err, key=grad_err.get),
         "grads_compared": len(grad_err),
@@ -62,26 +98,13 @@ def compare_with_dense(build: Callable[[], tuple[nn.Module, Any]], plan: Plan, *
         "activation_bytes": meter.bytes,
         "predicted_activation_bytes": plan.predicted.activation_bytes,
     }
-    opt_d = torch.optim.AdamW(dense.parameters(), lr=lr, eps=eps)
-    opt_p = torch.optim.AdamW(parallel.parameters(), lr=lr, eps=eps)
-    losses = []
-    for k in range(steps):
-        if k:
-            for m in (dense, parallel):
-                m.zero_grad(set_to_none=True)
-            loss_of(call(dense, inputs)).backward()
-            loss_of(call(parallel, inputs)).backward()
-        opt_d.step()
-        opt_p.step()
-        with torch.no_grad():
-            losses.append((loss_of(call(dense, inputs)).item(), loss_of(call(parallel, inputs)).item()))
-    out["step_losses"] = losses
-    state, ref = gather_state_dict(parallel), dense.state_dict()
-    out["state_keys_equal"] = list(state) == list(ref)
-    floats = [k for k in ref if ref[k].is_floating_point()]
-    floor = max(ref[k].abs().max().item() for k in floats)
-    errs = {k: rel_error(state[k], ref[k], floor) for k in floats}
+    out["step_losses"] = list(zip(ref["step_losses"], _train(parallel, inputs, len(ref["step_losses"]))))
+    state, want = gather_state_dict(parallel), ref["state"]
+    out["state_keys_equal"] = list(state) == list(want)
+    floats = [k for k in want if want[k].is_floating_point()]
+    floor = max(want[k].abs().max().item() for k in floats)
+    errs = {k: rel_error(state[k], want[k], floor) for k in floats}
     out["state_error"] = max(errs.values())
     out["worst_state"] = max(errs, key=errs.get)
-    out["nonfloat_equal"] = all(torch.equal(state[k], ref[k]) for k in ref if k not in floats)
+    out["nonfloat_equal"] = all(torch.equal(state[k], want[k]) for k in want if k not in floats)
     return out

@@ -37,11 +37,11 @@ def mesh_for(scheme: str, world_size: int = 8) -> Mesh:
     return Mesh((2, 2, 2))
 
 
-def uniform_plan(graph: ModelGraph, scheme: str, budget: str | int = "1GiB") -> Plan:
+def uniform_plan(graph: ModelGraph, scheme: str, budget: str | int = "1GiB", world_size: int = 8) -> Plan:
     """plan() with every heavy op restricted to `scheme` on the mesh that scheme needs (CPU semantics)."""
     mark_graph_hints(graph.nodes)
-    return plan(graph, budget, world_size=8, schemes=[scheme], hardware=HARDWARE, meshes=[mesh_for(scheme)],
-                device="cpu")
+    return plan(graph, budget, world_size=world_size, schemes=[scheme], hardware=HARDWARE,
+                meshes=[mesh_for(scheme, world_size)], device="cpu")
 
 
 def _default_rule(op_name: str, module_path: str, kind: str, s: Strategy) -> bool:

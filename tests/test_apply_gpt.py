@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from apply_checks import compare_with_dense
+from apply_checks import compare_with_dense, dense_reference
 from apply_plans import UNIFORM_SCHEMES, mixed_plan, uniform_plan
 from distributed import run_ranks
 
@@ -29,8 +29,8 @@ def _build() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     return model, inputs
 
 
-def _ranks(rank: int, plans: dict[str, Any]) -> dict[str, Any]:
-    return {name: compare_with_dense(_build, p, steps=STEPS) for name, p in plans.items()}
+def _ranks(rank: int, plans: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    return {name: compare_with_dense(_build, p, ref) for name, p in plans.items()}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,8 @@ def results() -> dict[str, dict[str, Any]]:
     graph = capture(model, inputs)  # also warms up capture before the ranks fork
     plans = {s: uniform_plan(graph, s) for s in UNIFORM_SCHEMES}
     plans["mixed"] = mixed_plan(capture(model, inputs))
-    per_rank = run_ranks(_ranks, 8, timeout_s=600, args=(plans,))
+    ref = dense_reference(_build, STEPS)
+    per_rank = run_ranks(_ranks, 8, timeout_s=600, args=(plans, ref))
     for r in per_rank[1:]:
         for name in plans:
             assert r[name]["loss"] == per_rank[0][name]["loss"], f"{name}: ranks disagree on the loss"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from apply_checks import compare_with_dense
+from apply_checks import compare_with_dense, dense_reference
 from apply_plans import mixed_plan
 from distributed import run_ranks
 
@@ -57,9 +57,11 @@ def _tie_rule(name: str, module_path: str, kind: str, s: Any) -> bool:
     return True
 
 
-def _ranks(rank: int, plans: dict[str, Any]) -> dict[str, Any]:
-    builders = {"gpt2": build_gpt2, "tied": build_tied}
-    return {name: compare_with_dense(builders[name], p, steps=STEPS) for name, p in plans.items()}
+BUILDERS = {"gpt2": build_gpt2, "tied": build_tied}
+
+
+def _ranks(rank: int, plans: dict[str, Any], refs: dict[str, Any]) -> dict[str, Any]:
+    return {name: compare_with_dense(BUILDERS[name], p, refs[name]) for name, p in plans.items()}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,8 @@ def results() -> dict[str, dict[str, Any]]:
     plans = {"gpt2": plan(model, "1GiB", world_size=8, example_inputs=inputs)}
     model, inputs = build_tied()
     plans["tied"] = mixed_plan(capture(model, inputs), checkpoint=(), rule=_tie_rule)
-    per_rank = run_ranks(_ranks, 8, timeout_s=600, args=(plans,))
+    refs = {name: dense_reference(BUILDERS[name], STEPS) for name in plans}
+    per_rank = run_ranks(_ranks, 8, timeout_s=600, args=(plans, refs))
     return {name: {**per_rank[0][name], "plan": plans[name]} for name in plans}
 
 
