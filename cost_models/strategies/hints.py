@@ -12,7 +12,9 @@ Rules see one op at a time, but two choices depend on the graph around it:
 
 * `attrs["grad_inputs"] = (bool, ...)` on an element-wise op: whether each input carries a gradient in
   backward (it is computed from a parameter). A broadcast input without one (an additive attention mask
-  built from buffers, even in floating point) needs no gradient all-reduce.
+  built from buffers, even in floating point) needs no gradient all-reduce. On a linear (set only when
+  False, so ordinary graphs keep their signatures): its input is a graph input or computed from inputs
+  alone, so the backward computes no input gradient: no dX reduction, no re-gathered weight for it.
 
 Call `mark_graph_hints(ops)` once on the captured op list before enumerating strategies (the plan builder
 does). Without it the rules assume no fused outputs and no copies.
@@ -56,6 +58,10 @@ def mark_graph_hints(ops: list[OpNode]) -> None:
         if op.kind == "elementwise":
             op.attrs["grad_inputs"] = tuple(flows.get(src, False) for src in op.inputs)
         if op.kind == "linear":
+            if op.inputs and not flows.get(op.inputs[0], False):
+                op.attrs["grad_inputs"] = (False,)
+            else:
+                op.attrs.pop("grad_inputs", None)
             segments = {equal_last_dim_split(c) for c in consumers[op.name]} - {0}
             if len(segments) == 1:
                 op.attrs["out_segments"] = segments.pop()

@@ -245,11 +245,15 @@ def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
     u.steps(backward_steps(y_reduce, y.shape, y.itemsize, mesh), "backward", "grad_output")
     if plan.save_input == "in" and x_gather:
         u.steps(x_gather, "backward", "input")
-    if plan.regather_weight:
+    # No input gradient (the input is computed from graph inputs alone, hint grad_inputs): backward
+    # neither re-gathers W for dX nor reduces dX.
+    input_grad = bool((op.attrs.get("grad_inputs") or (True,))[0])
+    if plan.regather_weight and input_grad:
         u.steps(w_gather, "backward", "weight")
     dx_partial = Layout(plan.x_eff.dims, partial=plan.w_eff[0])
     dx_reduce = plan_redistribution(x.shape, x.itemsize, dx_partial, plan.x_in, mesh)
-    u.steps(dx_reduce, "backward", "grad_input")
+    if input_grad:
+        u.steps(dx_reduce, "backward", "grad_input")
     token_axes = tuple(a for d in plan.x_eff.dims[:-1] for a in d)
     extra = tuple(a for d in range(2) for a in plan.w_store[d] if a not in plan.w_eff[d])
     if set(extra) - set(token_axes):
@@ -296,7 +300,7 @@ def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
     k_loc = x.shape[-1] // mesh.size(k_axes)
     n_loc = y.shape[-1] // mesh.size(plan.w_eff[0])
     u.fwd_flops = 2 * m_loc * k_loc * n_loc + (m_loc * n_loc if bias else 0)
-    u.bwd_flops = 4 * m_loc * k_loc * n_loc + (m_loc * n_loc if bias else 0)
+    u.bwd_flops = (4 if input_grad else 2) * m_loc * k_loc * n_loc + (m_loc * n_loc if bias else 0)
     traffic = x_eff_bytes + local_bytes(w_shape_nk, w_eff, mesh, x.itemsize) + y_eff_bytes
     u.fwd_bytes, u.bwd_bytes = traffic, 2 * traffic
     return u
