@@ -1,5 +1,6 @@
 """apply_plan beyond the drop-in case, on 8 gloo ranks (one forked job): data-parallel batch shards in and
-out, a model on the meta device built shard by shard, and plans refused before anything is built."""
+out, a model on the meta device built shard by shard, plans refused before anything is built, and the
+residual MLP example, whose first linear reads a graph input (no input gradient, so no dX collectives)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from apply_checks import compare_with_dense, dense_reference
 from apply_plans import mixed_plan, uniform_plan
 from distributed import run_ranks
 
@@ -15,6 +17,7 @@ from layers3d.shard import local_block
 from planner.apply import PlanMismatchError, apply_plan
 from planner.capture import capture
 from planner.models.gpt import build_gpt
+from planner.models.loading import get_example
 from planner.plan_format import Plan, PlanError
 from planner.state import gather_grads, gather_state_dict
 from planner.verify_report import rel_error
@@ -81,9 +84,18 @@ def _refusals(rank: int, plan: Plan, other_world: Plan) -> dict[str, str]:
     return out
 
 
-def _ranks(rank: int, plans: dict[str, Plan]) -> dict[str, Any]:
+def _mlp() -> tuple[torch.nn.Module, Any]:
+    ex = get_example("mlp", seed=0)
+    return ex.model, ex.example_inputs
+
+
+MLP_SCHEMES = ("fsdp", "3d")
+
+
+def _ranks(rank: int, plans: dict[str, Plan], mlp_ref: dict[str, Any]) -> dict[str, Any]:
     return {"sharded": _sharded(rank, plans["mixed"], plans["logits"]), "meta": _meta(rank, plans["3d"]),
-            "refusals": _refusals(rank, plans["3d"], plans["four"])}
+            "refusals": _refusals(rank, plans["3d"], plans["four"]),
+            "mlp": {s: compare_with_dense(_mlp, plans[f"mlp_{s}"], mlp_ref) for s in MLP_SCHEMES}}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +107,10 @@ def results() -> list[dict[str, Any]]:
     from planner.api import plan
 
     plans["four"] = plan(capture(model, (ids, targets)), "1GiB", world_size=4, hardware="cpu-gloo")
-    return run_ranks(_ranks, 8, timeout_s=600, args=(plans,))
+    mlp, mlp_inputs = _mlp()
+    for s in MLP_SCHEMES:
+        plans[f"mlp_{s}"] = uniform_plan(capture(mlp, mlp_inputs), s)
+    return run_ranks(_ranks, 8, timeout_s=600, args=(plans, dense_reference(_mlp, 2)))
 
 
 def test_sharded_inputs_give_the_full_batch_loss_and_row_blocks(results: list[dict[str, Any]]) -> None:
@@ -122,6 +137,16 @@ def test_mismatched_plans_are_refused_before_building(results: list[dict[str, An
         assert "for 4 ranks" in f["world"] and "has 8" in f["world"]
         assert "schema_version 0" in f["schema"]
         assert f["untouched"] == "True"
+
+
+@pytest.mark.parametrize("scheme", MLP_SCHEMES)
+def test_mlp_with_an_input_without_gradient(results: list[dict[str, Any]], scheme: str) -> None:
+    r = results[0]["mlp"][scheme]
+    assert abs(r["loss"][1] - r["loss"][0]) <= TOL * r["loss"][0]
+    assert r["grad_error"] <= TOL and r["state_error"] <= TOL
+    assert all(abs(p - d) <= TOL * d for d, p in r["step_losses"])
+    assert r["measured_comm"] == r["predicted_comm"]
+    assert r["activation_bytes"] == r["predicted_activation_bytes"]
 
 
 def test_an_older_plan_file_does_not_load(tmp_path: Any) -> None:
