@@ -44,6 +44,7 @@ BLOCK_KEY = "block"
 _RESHAPES = {"view", "reshape", "_unsafe_view", "unflatten", "flatten", "squeeze", "unsqueeze", "view_as",
              "reshape_as"}
 _SPLITS = {"split", "split_with_sizes", "chunk", "tensor_split"}
+_EXPANDS = {"expand", "expand_as", "broadcast_to"}
 _FLOAT = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -232,6 +233,9 @@ class _Rewriter:
         if op.kind == "reshape" and name in _RESHAPES:
             local = a.outputs[0].local_shape(op.out.shape, self.mesh.mesh)
             new = self._emit("call_method", "reshape", (acts[0], tuple(local)), {}, name=node.name)
+        elif name in _EXPANDS and op.kind != "other":  # (an unplanned expand runs replicated, on global sizes)
+            local = a.outputs[0].local_shape(op.out.shape, self.mesh.mesh)
+            new = self._emit("call_method", "expand", (acts[0], tuple(local)), {}, name=node.name)
         elif op.kind == "split" and name in _SPLITS:
             dim = int(op.attrs["dim"])
             sizes = [lay.local_shape(meta.shape, self.mesh.mesh)[dim] for lay, meta in zip(a.outputs, op.outputs)]

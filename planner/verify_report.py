@@ -112,6 +112,8 @@ def format_report(r: VerifyReport) -> str:
         err = abs(p - d) / max(abs(d), 1e-30)
         rows.append((f"loss after step {i + 1}", f"{err:.3e}", _mark(err <= r.tol), f"dense {d:.6f} parallel {p:.6f}"))
     lines += _table(rows, ("quantity", "rel. error", "", "worst / values"))
+    if any(e.what.startswith("parameters") for e in r.errors):
+        lines.append("  (parameters after the steps: error relative to the largest value in the state dict)")
     lines += ["", "Communication per rank, one step (bytes; rank 0; measured by layers3d.CommCounter):"]
     keys = sorted(set(r.measured_comm) | set(r.predicted_comm))
     rows = [(f"{k} ({ph})", _fmt_bytes(r.measured_comm[(k, ph)]), _fmt_bytes(r.predicted_comm[(k, ph)]),
