@@ -36,7 +36,9 @@ from planner.solve.indexed import IndexedProblem
 
 __all__ = ["Weights", "LagrangeBound", "best_multiplier"]
 
-S_BUCKETS = 256  # recomputed-byte buckets per checkpointed class
+S_BUCKETS = 256  # most recomputed-byte buckets per checkpointed class
+_FINE_CELLS = 4_000_000  # target size of one DP tensor for the exact bound
+_COARSE_CELLS = 500_000  # ... and for the multiplier search
 
 
 @dataclass(frozen=True)
@@ -130,23 +132,38 @@ def completion(shape: BlockShape, plan: SweepPlan, w: Weights, ckpt: bool) -> li
     return tables
 
 
+def _widest(shape: BlockShape, plan: SweepPlan) -> int:
+    """The most node-choice combinations any sweep step holds at once."""
+    prev: list[int] = []
+    widest = 1
+    for i, v in enumerate(plan.order):
+        widest = max(widest, int(np.prod([shape.sizes[u] for u in set(prev) | {v}])))
+        prev = plan.live[i]
+    return widest
+
+
 class _ClassGrid:
     """Per class: transient levels, recomputed-byte buckets and the sweep plan (independent of weights).
 
-    The exact grid uses every transient value as a level and S_BUCKETS buckets; the coarse one (for the
-    multiplier search) a few levels, each standing for "transient at most the next level up", and fewer
-    buckets: a weaker but still valid bound that is much cheaper to compute."""
+    Level and bucket counts are sized so that the DP tensors (states x port choices x levels) stay near
+    `cells` numbers. With every transient value as a level the plain-block bound is exact per bucket;
+    fewer levels stand for "transient at most the next level up" and fewer recomputed-byte buckets round
+    more bytes down: weaker but still valid bounds. The coarse grid (for the multiplier search) is smaller
+    still."""
 
     def __init__(self, shape: BlockShape, checkpointing: bool, grid: np.ndarray, coarse: bool = False) -> None:
         self.shape, self.plan, self.ckpt = shape, plan_sweep(shape), checkpointing
+        room = max(1, (_COARSE_CELLS if coarse else _FINE_CELLS) // (_widest(shape, self.plan) * shape.port_size))
         levels = np.unique(np.concatenate(shape.transient)).astype(float)
-        if coarse and len(levels) > 12:
-            levels = np.unique(np.quantile(levels, np.linspace(0, 1, 12), method="higher"))
+        keep = max(4, min(room, 12 if coarse else len(levels)))
+        if keep < len(levels):
+            levels = np.unique(np.quantile(levels, np.linspace(0, 1, keep), method="higher"))
             self.lx = np.minimum(np.searchsorted(levels, grid, side="left"), len(levels) - 1)
         else:
             self.lx = np.searchsorted(levels, grid, side="right") - 1
         self.x_levels = levels
-        buckets = S_BUCKETS // 8 if coarse else S_BUCKETS
+        most = S_BUCKETS // 8 if coarse else S_BUCKETS
+        buckets = int(min(most, max(8, 2 ** int(np.log2(room)))))
         s_max = float(sum(int(s.max()) for s in shape.saved))
         self.buckets = buckets
         self.delta = max(s_max / (buckets - 1), 1.0)
@@ -309,9 +326,11 @@ def best_multiplier(bound: LagrangeBound, budget: int, iterations: int = 24) -> 
         return cache[mu]
 
     lo, hi = 0.0, bound.ip.time_magnitude() / max(budget, 1)
+    if value(hi * 1e-4) <= value(0.0):  # the bound falls from mu = 0 on: memory does not bind
+        return 0.0
     while value(hi) > value(lo) and hi < 1e12:  # grow until the bound falls again
         lo, hi = hi, hi * 4
     _golden(value, lo / 4 if lo > 0 else 0.0, hi, iterations)
     mu = max(caches[True], key=caches[True].get)
-    _golden(lambda x: value(x, coarse=False), mu / 1.5, mu * 1.5, 8)
+    _golden(lambda x: value(x, coarse=False), mu / 1.5, mu * 1.5, 6)
     return max(caches[False], key=caches[False].get)

@@ -180,17 +180,20 @@ def resolve_solver(solver: str) -> str:
 
 def solve_milp(
     model: MilpModel, *, solver: str = "highs", time_limit: float = 60.0, rel_gap: float = 1e-9,
-    abs_gap: float = 0.0,
+    abs_gap: float = 0.0, cutoff: float = np.inf,
 ) -> MilpResult:
-    """Solve `model` with the named back end ("highs" or "cbc") within `time_limit` seconds."""
+    """Solve `model` with the named back end ("highs" or "cbc") within `time_limit` seconds. `cutoff`: an
+    objective value known to be reachable (HiGHS prunes every branch that cannot beat it)."""
     name = resolve_solver(solver)
     if model.trivially_infeasible:
         return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, name)
     if model.num_vars == 0:
         return MilpResult("optimal", np.zeros(0), model.offset, model.offset, 0.0, 0.0, name)
     start = time.perf_counter()
-    run = _solve_highs if name == "highs" else _solve_cbc
-    result = run(model, max(time_limit, 0.01), rel_gap, abs_gap)
+    if name == "highs":
+        result = _solve_highs(model, max(time_limit, 0.01), rel_gap, abs_gap, cutoff)
+    else:
+        result = _solve_cbc(model, max(time_limit, 0.01), rel_gap, abs_gap)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -224,7 +227,7 @@ def _quiet_highs() -> object:
     return h
 
 
-def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float) -> MilpResult:
+def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float, cutoff: float) -> MilpResult:
     import highspy
 
     a = model.arrays()
@@ -243,6 +246,8 @@ def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: f
     h.setOptionValue("mip_abs_gap", float(abs_gap))
     h.setOptionValue("primal_feasibility_tolerance", 1e-9)
     h.setOptionValue("mip_feasibility_tolerance", 1e-9)
+    if np.isfinite(cutoff):
+        h.setOptionValue("objective_bound", float(cutoff))
     h.passModel(lp)
     h.HandleKeyboardInterrupt = True  # solve in a thread: Ctrl-C works and a progress spinner keeps turning
     h.solve()
@@ -255,7 +260,7 @@ def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: f
     S = highspy.HighsModelStatus
     if status == S.kOptimal:
         return MilpResult("optimal", x, obj, bound, 0.0 if gap < rel_gap else gap, 0.0, "highs")
-    if status == S.kInfeasible:
+    if status == S.kInfeasible or (status == S.kObjectiveBound and not has_x):  # nothing beats the cutoff
         return MilpResult("infeasible", None, np.nan, bound, np.nan, 0.0, "highs")
     reason = h.modelStatusToString(status)
     if has_x:

@@ -111,15 +111,18 @@ class TwoLevel:
         ]
         self.stats["points"] = float(sum(len(p) for p in self.points))
 
-    def _round(self, mode: str, target: float, solver: str, deadline: float) -> _Round:
-        """Frontiers pruned to `target`, the outer ILP, and the exact value of its answer. In time mode an
-        answer that exceeds the budget by solver tolerance is retried with the memory row tightened."""
+    def _round(self, mode: str, target: float, solver: str, deadline: float, upper: float = np.inf) -> _Round:
+        """Frontiers pruned to `target`, the outer ILP, and the exact value of its answer. `upper`: the value
+        of an answer already found (the solver may prune anything worse). In time mode an answer that
+        exceeds the budget by solver tolerance is retried with the memory row tightened."""
         self._frontiers(mode, target)
         cap, shrink = (self.ip.budget if mode == "time" else None), 0
         for _ in range(4):
             built = self.build(mode, cap)
             gaps = {} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
-            res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), **gaps)
+            slack = 1e-7 * abs(upper) if mode == "time" else 1.0
+            res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(),
+                             cutoff=(upper + slack) * built.scale, **gaps)
             if res.x is None:
                 return _Round(res, built, [], [], np.inf)
             choice, ckpt = built.extract(res.x)
@@ -134,41 +137,48 @@ class TwoLevel:
                                  "solver tolerance keeps the answer above the budget"), built, [], [], np.inf)
 
     def _exact(self, mode: str, lower: float, solver: str, deadline: float,
-               on_infeasible: Callable[[], bool] | None = None) -> tuple[_Round, float]:
-        """Rounds until the answer is proven optimal (or the solver stops early); returns the last round and
-        its target. on_infeasible() is asked once when a pruned round has no answer: False stops."""
-        span = max(abs(lower) * 1e-3, 1.0 if mode == "memory" else 1e-12)
+               on_infeasible: Callable[[], bool] | None = None) -> tuple[_Round, float, bool]:
+        """Rounds until the best answer is proven optimal or the solver stops early. Returns the round of
+        the best answer (or the last round when there is none), a valid lower bound on the optimum and
+        whether the answer is proven optimal. on_infeasible() is asked once when a pruned round has no
+        answer and none was found yet: False stops."""
+        span = max(abs(lower) * 1e-4, 1.0 if mode == "memory" else 1e-12)
         target = lower + span if np.isfinite(lower) else np.inf
-        upper = np.inf
+        best: _Round | None = None
         asked = False
         self.stats["rounds"] = 0
         while True:
             self.stats["rounds"] += 1
-            rnd = self._round(mode, target, solver, deadline)
+            upper = best.value if best is not None else np.inf
+            rnd = self._round(mode, target, solver, deadline, upper)
             tol = 1e-9 * abs(target) if mode == "time" else 0.0
-            if rnd.res.x is not None:
-                if rnd.res.status != "optimal" or rnd.value <= target + tol:
-                    return rnd, target
-                upper = min(upper, rnd.value)  # a true upper bound: a round with it as target is exact
-                span *= 4
-                target = min(upper, lower + span)
-            elif rnd.res.status == "infeasible" and np.isfinite(target):
-                if not asked and on_infeasible is not None and not np.isfinite(upper):
+            finished = rnd.res.status in ("optimal", "infeasible")  # the round's ILP was solved to the end
+            if rnd.res.x is not None and rnd.value < upper:
+                best = rnd
+            if rnd.res.x is not None and rnd.res.status == "optimal" and rnd.value <= target + tol:
+                return rnd, rnd.value, True  # every point of any better answer was in this round
+            if finished and best is not None and target >= best.value - tol:
+                return best, best.value, True  # nothing at or below the target beats the best answer
+            if not finished:  # time limit
+                bound = rnd.res.bound / rnd.built.scale if np.isfinite(rnd.res.bound) else lower
+                return (best if best is not None else rnd), max(lower, min(bound, target)), False
+            if rnd.res.status == "infeasible" and best is None:
+                if not np.isfinite(target):
+                    return rnd, lower, True
+                if not asked and on_infeasible is not None:
                     asked = True
                     if not on_infeasible():
-                        return rnd, target
-                span *= 16
-                target = min(upper, lower + span if span < 1e3 * max(abs(lower), 1e-12) else np.inf)
-            else:
-                return rnd, target
+                        return rnd, lower, True
+            span *= 4 if best is not None else 16
+            reach = lower + span if span < 1e3 * max(abs(lower), 1e-12) else np.inf
+            target = min(best.value, reach) if best is not None else reach
 
     def least(self, solver: str, deadline: float) -> LeastMemory:
         """The least peak memory over all assignments (proven exact unless the time limit hits)."""
         lower = self.bound.evaluate(Weights(0.0, 1.0, 0.0), keep=True)
-        rnd, _ = self._exact("memory", lower, solver, deadline)
+        rnd, _, proven = self._exact("memory", lower, solver, deadline)
         if rnd.res.x is None:
             return LeastMemory(None, [], [], False, f"least-memory solve failed: {rnd.res.message}".strip())
-        proven = rnd.res.status == "optimal"
         message = "" if proven else f"smallest feasible budget {int(rnd.value)} B is an upper bound (not proven)"
         return LeastMemory(int(rnd.value), rnd.choice, rnd.ckpt, proven, message)
 
@@ -189,20 +199,15 @@ class TwoLevel:
                 self.bound.evaluate(Weights(1.0, mu, mu * ip.budget), keep=True)
             return fits
 
-        rnd, target = self._exact("time", lower, solver, deadline, still_feasible)
+        rnd, floor, proven = self._exact("time", lower, solver, deadline, still_feasible)
         seconds = time.perf_counter() - start
-        names = ip.names
         if rnd.res.x is not None:
-            gap = 0.0
-            if rnd.res.status != "optimal":
-                found = rnd.res.bound / rnd.built.scale if np.isfinite(rnd.res.bound) else lower
-                floor = max(lower, min(found, target))
-                gap = max(0.0, (rnd.value - floor) / abs(rnd.value)) if rnd.value else 0.0
+            gap = 0.0 if proven else max(0.0, (rnd.value - floor) / abs(rnd.value)) if rnd.value else 0.0
             return Solution(
-                status=rnd.res.status, choice=dict(zip(names, rnd.choice)),
+                status="optimal" if proven else "feasible", choice=dict(zip(ip.names, rnd.choice)),
                 checkpointed=[ip.block_names[b] for b in rnd.ckpt], objective=rnd.value, gap=gap, seconds=seconds,
                 solver=rnd.res.solver, peak_bytes=evaluate_indexed(ip, rnd.choice, rnd.ckpt)[1], method="two_level",
-                message="" if rnd.res.status == "optimal" else rnd.res.message,
+                message="" if proven else "time limit reached before the answer was proven optimal",
             )
         if rnd.res.status == "infeasible":
             if not least:
