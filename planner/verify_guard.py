@@ -136,9 +136,9 @@ class RankGuard:
                   file=sys.stderr, flush=True)
         else:
             print(f"[planner] {text}", file=sys.stderr, flush=True)
-            # The root cause stays up a few polls, so that every watchdog reads it before a launcher
-            # (torchrun) tears the group down on this exit.
-            time.sleep(3 * self.poll_s)
+        # Stay up a few polls, so that every watchdog reads the cause before a launcher (torchrun) tears the
+        # group down on this exit, or before the store goes away with rank 0 (no launcher).
+        time.sleep(3 * self.poll_s)
         sys.stdout.flush()
         self._exit(self.exit_code if code is None else code)
 
@@ -181,6 +181,9 @@ class RankGuard:
     def _stop_for(self, message: str) -> None:
         print(f"[planner] rank {self.rank} stopping: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        # Stay up a few polls: without a launcher's store, rank 0 hosts it, and the other ranks must still
+        # be able to read the cause from it.
+        time.sleep(3 * self.poll_s)
         self._exit(self.exit_code)
 
     # --- context -------------------------------------------------------------------------------
