@@ -64,10 +64,30 @@ def test_verify_reports_equal_numerics_comm_and_activations(plan_file: str) -> N
     assert out.rstrip().endswith("PASS")
 
 
-def test_a_rank_that_raises_stops_every_rank(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def plan4(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 1d plan for 4 ranks (the failure tests need no more)."""
     model, inputs = build_gpt("gpt-tiny", seed=0)
-    plan = tmp_path / "plan4.json"
-    uniform_plan(capture(model, inputs), "1d", world_size=4).save(plan)
+    path = tmp_path_factory.mktemp("verify4") / "plan4.json"
+    uniform_plan(capture(model, inputs), "1d", world_size=4).save(path)
+    return str(path)
+
+
+def test_an_error_beyond_the_tolerance_exits_1(plan4: str) -> None:
+    done, _ = torchrun("gpt-tiny", plan4, "--tol", "1e-12", ranks=4)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "FAIL" in done.stdout and done.stdout.rstrip().endswith("FAIL: numerics")
+
+
+def test_outside_torchrun_it_says_how_to_start(plan4: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, "-m", "planner", "verify", "gpt-tiny", plan4], cwd=ROOT,
+                          env={**env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "torchrun --standalone --nproc-per-node" in done.stderr
+
+
+def test_a_rank_that_raises_stops_every_rank(plan4: str, tmp_path: Path) -> None:
     factory = tmp_path / "faulty.py"
     factory.write_text(
         "import os\n"
@@ -76,7 +96,7 @@ def test_a_rank_that_raises_stops_every_rank(tmp_path: Path) -> None:
         "    if os.environ.get('RANK') == '3':\n"
         "        raise RuntimeError('rank three cannot build its model')\n"
         "    return build_gpt('gpt-tiny', seed=0)\n")
-    done, seconds = torchrun(f"{factory}:model", str(plan), ranks=4, timeout=300)
+    done, seconds = torchrun(f"{factory}:model", plan4, ranks=4, timeout=300)
     text = done.stdout + done.stderr
     assert done.returncode != 0
     assert seconds < 240
