@@ -65,6 +65,48 @@ def resolve_bytes_per_param(value: int | str) -> int:
     return value
 
 
+# Problems with more edge variables than this are solved in a forked child process that is stopped at a
+# hard deadline (time_limit plus a grace period): the two-level solve's frontier stage is not bounded by
+# the ILP time limit, and one slow mesh shape must not hold up a plan the other shapes already give.
+_ISOLATE_EDGE_VARS = 20_000
+_GRACE_S = 5.0
+
+
+def _solve_within(problem, *, solver: str, time_limit: float, progress: bool) -> Solution:
+    size = sum(e.cost_s.size for e in problem.edges)
+    if size <= _ISOLATE_EDGE_VARS:
+        return solve(problem, solver=solver, time_limit=time_limit, progress=progress)
+    import multiprocessing as mp
+    import pickle
+
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            out = solve(problem, solver=solver, time_limit=time_limit, progress=False)
+        except Exception as e:  # reported to the parent as an error status
+            out = Solution(status="error", message=f"{type(e).__name__}: {e}")
+        send.send_bytes(pickle.dumps(out))
+
+    proc = ctx.Process(target=child, daemon=True)
+    start = time.perf_counter()
+    proc.start()
+    send.close()
+    try:
+        if recv.poll(time_limit + _GRACE_S):
+            return pickle.loads(recv.recv_bytes())
+        return Solution(status="error", seconds=time.perf_counter() - start, solver=solver,
+                        message=f"no answer within time_limit={time_limit:g} s (stopped); raise time_limit")
+    except EOFError:
+        return Solution(status="error", solver=solver, message="the solver process died")
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(timeout=5)
+        recv.close()
+
+
 def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | None = None,
          example_inputs: Sequence[Any] | None = None, input_shapes: Sequence[Any] | None = None,
          hardware: str | HardwareProfile = "a100-80gb", schemes: Sequence[str] | str | None = None,
@@ -106,7 +148,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     for m in mesh_list:
         built = build_problem(graph, m, hw, budget_bytes, device=kind, bytes_per_param=bpp, schemes=allowed,
                               checkpointing=checkpointing)
-        sol = solve(built.problem, solver=solver, time_limit=time_limit, progress=progress)
+        sol = _solve_within(built.problem, solver=solver, time_limit=time_limit, progress=progress)
         if sol.status in ("optimal", "feasible"):
             if best is None or sol.objective < best[1].objective - 1e-15:
                 best = (built, sol)
