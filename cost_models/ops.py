@@ -6,6 +6,7 @@ Keeping this description here keeps the data flowing one way: capture -> cost ->
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,10 +53,7 @@ class TensorMeta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -73,10 +71,7 @@ class ParamInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass
