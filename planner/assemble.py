@@ -37,6 +37,23 @@ def _json_value(v):
     return [_json_value(x) for x in v] if isinstance(v, tuple | list) else v
 
 
+def _identity_aliases(graph: ModelGraph) -> dict[str, str]:
+    """Ops whose output is their input tensor itself (dropout with p = 0 or not training returns its
+    input): op name -> the op that produced that tensor, so that saved-tensor keys naming either count once
+    (the softmax output saved by softmax and by the attention matmul behind a p = 0 dropout)."""
+    alias: dict[str, str] = {}
+    for op in graph.nodes:
+        if op.kind == "dropout" and op.inputs and (float(op.attrs.get("p", 0.5)) == 0.0
+                                                   or not op.attrs.get("training", True)):
+            alias[op.name] = alias.get(op.inputs[0], op.inputs[0])
+    return alias
+
+
+def _canonical_key(key: str, alias: dict[str, str]) -> str:
+    head, sep, rest = key.partition(":")
+    return alias.get(head, head) + sep + rest
+
+
 def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: HardwareProfile, *, budget_bytes: int,
                   device: str, bytes_per_param: int, checkpointing: bool, schemes: list[str] | None,
                   seconds: dict[str, float] | None = None) -> Plan:
@@ -72,12 +89,14 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     block_saved: dict[str, int] = {}
     seen_keys: set[str] = set()
     op_saved: dict[str, int] = {}
+    alias = _identity_aliases(graph)
     for op in graph.nodes:
         cost = built.costs[op.name][pick[op.name]]
         fresh = 0
         for t in cost.saved:
-            if t.key not in seen_keys:
-                seen_keys.add(t.key)
+            key = _canonical_key(t.key, alias)
+            if key not in seen_keys:
+                seen_keys.add(key)
                 fresh += t.bytes
         op_saved[op.name] = fresh
         if in_ckpt[op.name]:
