@@ -85,6 +85,12 @@ def test_gathered_state_dict_equals_dense(results: dict[str, dict[str, Any]], ca
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_saved_activations_match_the_prediction(results: dict[str, dict[str, Any]], case: str) -> None:
+    r = results[case]
+    assert abs(r["activation_bytes"] - r["predicted_activation_bytes"]) <= 0.05 * r["predicted_activation_bytes"]
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_measured_communication_equals_prediction(results: dict[str, dict[str, Any]], case: str) -> None:
     r = results[case]
     assert r["measured_comm"] == r["predicted_comm"]
