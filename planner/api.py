@@ -14,7 +14,7 @@ from cost_models.hardware import HardwareProfile, load_profile
 from cost_models.memory import BYTES_PER_PARAM
 from cost_models.mesh import Mesh, MeshError, candidate_meshes
 from planner.assemble import assemble_plan
-from planner.build import BuiltProblem, build_problem, expand_schemes
+from planner.build import BuiltProblem, SchemeError, SchemeUnavailable, build_problem, expand_schemes
 from planner.capture import capture
 from planner.graph import ModelGraph
 from planner.plan_format import Plan
@@ -143,17 +143,25 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
         if m.world_size != n:
             raise MeshError(f"mesh {m} has {m.world_size} ranks but world_size is {n}")
 
+    unavailable: list[str] = []
     best: tuple[BuiltProblem, Solution] | None = None
     min_budget: int | None = None
     for m in mesh_list:
-        built = build_problem(graph, m, hw, budget_bytes, device=kind, bytes_per_param=bpp, schemes=allowed,
-                              checkpointing=checkpointing)
+        try:
+            built = build_problem(graph, m, hw, budget_bytes, device=kind, bytes_per_param=bpp, schemes=allowed,
+                                  checkpointing=checkpointing)
+        except SchemeUnavailable as e:
+            unavailable.append(f"mesh {m}: {e}")
+            continue
         sol = _solve_within(built.problem, solver=solver, time_limit=time_limit, progress=progress)
         if sol.status in ("optimal", "feasible"):
             if best is None or sol.objective < best[1].objective - 1e-15:
                 best = (built, sol)
         elif sol.status == "infeasible" and sol.min_feasible_budget is not None:
             min_budget = sol.min_feasible_budget if min_budget is None else min(min_budget, sol.min_feasible_budget)
+    if best is None and len(unavailable) == len(mesh_list):
+        raise SchemeError(f"schemes {sorted(allowed or [])} cannot run {graph.name} on {n} ranks: "
+                          + "; ".join(unavailable) + ". Allow more schemes or pick another world size")
     if best is None:
         from planner.units import format_bytes
 

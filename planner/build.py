@@ -31,11 +31,15 @@ from cost_models.strategy import HEAVY_SCHEMES, OpCost, Strategy
 from planner.graph import ModelGraph
 from planner.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode
 
-__all__ = ["BuiltProblem", "Decision", "build_problem", "expand_schemes", "SchemeError"]
+__all__ = ["BuiltProblem", "Decision", "build_problem", "expand_schemes", "SchemeError", "SchemeUnavailable"]
 
 
 class SchemeError(ValueError):
     """An unknown scheme name in `schemes=`."""
+
+
+class SchemeUnavailable(SchemeError):
+    """The requested schemes cannot run the model's linear ops on this mesh shape (the planner skips it)."""
 
 
 def expand_schemes(schemes: list[str] | tuple[str, ...] | str | None) -> frozenset[str] | None:
@@ -103,6 +107,8 @@ def _restrict(op: OpNode, strategies: list[Strategy], reasons: list[str], allowe
         return strategies, reasons
     keep = [s for s in strategies if s.scheme in allowed]
     if not keep:
+        if op.kind == "linear":
+            raise SchemeUnavailable(f"{op.name}: none of {sorted(allowed)} is offered on this mesh")
         return strategies, reasons
     dropped = sorted({s.scheme for s in strategies if s.scheme not in allowed})
     if dropped:
