@@ -17,13 +17,14 @@ Pareto set of labels (add, saved, max transient, time) with the assignment that 
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 __all__ = [
-    "BlockShape", "FrontierPoint", "FrontierTooLarge", "Prune", "SweepPlan", "block_frontier", "pareto_mask", "plan_sweep",
+    "BlockShape", "FrontierPoint", "FrontierTimeout", "FrontierTooLarge", "Prune", "SweepPlan", "block_frontier", "pareto_mask", "plan_sweep",
     "topological_order",
 ]
 
@@ -33,6 +34,10 @@ _CHUNK = 512
 
 class FrontierTooLarge(ValueError):
     """The block's dynamic program exceeds the label limit (too many cross edges or choices)."""
+
+
+class FrontierTimeout(RuntimeError):
+    """The block's dynamic program ran past its deadline."""
 
 
 @dataclass
@@ -148,13 +153,15 @@ Prune = Callable[[int, tuple[int, ...], np.ndarray], np.ndarray]
 
 
 def _sweep(shape: BlockShape, plan: SweepPlan, p: int, ckpt: bool, with_time: bool, prune: Prune | None,
-           max_labels: int) -> dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]]:
+           max_labels: int, deadline: float = np.inf) -> dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]]:
     """The Pareto DP for port choice p: final key (output choice,) -> (labels (k x 4), assignments (k x n),
     in sweep order). Label columns: additive bytes (state, + saved unless checkpointed), saved bytes
     (checkpointed only), largest transient, time."""
     prev: list[int] = []
     labels = {(): (np.zeros((1, 4)), np.zeros((1, 0), dtype=np.int16))}
     for i, v in enumerate(plan.order):
+        if time.perf_counter() > deadline:
+            raise FrontierTimeout("block frontier ran past the time limit")
         live = plan.live[i]
         port_t = plan.port[v][0][p] + (plan.port[v][1][p] if ckpt else 0.0)
         grouped: dict[tuple[int, ...], list[tuple[np.ndarray, np.ndarray]]] = {}
@@ -178,9 +185,10 @@ def _sweep(shape: BlockShape, plan: SweepPlan, p: int, ckpt: bool, with_time: bo
         for key, parts in grouped.items():
             vals = np.vstack([a for a, _ in parts])
             asg = np.vstack([b for _, b in parts])
+            if prune is not None:  # cheap, linear: before the quadratic dominance check
+                alive = prune(i, key, vals)
+                vals, asg = vals[alive], asg[alive]
             keep = pareto_mask(vals)
-            if prune is not None:
-                keep &= prune(i, key, vals)
             if keep.any():
                 labels[key] = (vals[keep], asg[keep])
                 total += int(keep.sum())
@@ -192,13 +200,14 @@ def _sweep(shape: BlockShape, plan: SweepPlan, p: int, ckpt: bool, with_time: bo
 
 def block_frontier(shape: BlockShape, *, checkpointing: bool, with_time: bool = True,
                    prune: Callable[[int, bool], Prune | None] | None = None,
-                   max_labels: int = 2_000_000) -> list[FrontierPoint]:
+                   max_labels: int = 2_000_000, deadline: float = np.inf) -> list[FrontierPoint]:
     """All non-dominated (add_bytes, max_bytes, time_s) points per boundary (p, q) and checkpoint flag.
 
     With `with_time=False` time is ignored (all zero): the memory-only frontier, for minimising peak
     memory. `prune(p, ckpt)` may give a label filter for that sweep (labels it rejects, and every label
     they would lead to, are dropped: it must only reject labels that cannot be part of a wanted answer).
-    Raises FrontierTooLarge past `max_labels` labels in one sweep step.
+    Raises FrontierTooLarge past `max_labels` labels in one sweep step, FrontierTimeout past `deadline`
+    (a time.perf_counter() value).
     """
     plan = plan_sweep(shape)
     inverse = np.argsort(plan.order)
@@ -208,7 +217,7 @@ def block_frontier(shape: BlockShape, *, checkpointing: bool, with_time: bool = 
         meta: list[tuple[int, bool, tuple[int, ...]]] = []
         for ckpt in ([False, True] if checkpointing else [False]):
             hook = prune(p, ckpt) if prune is not None else None
-            for key, (vals, asg) in _sweep(shape, plan, p, ckpt, with_time, hook, max_labels).items():
+            for key, (vals, asg) in _sweep(shape, plan, p, ckpt, with_time, hook, max_labels, deadline).items():
                 q = key[0] if key else 0
                 add = vals[:, 0] + (float(shape.input_bytes[p]) if ckpt else 0.0)
                 top = np.maximum(vals[:, 1], vals[:, 2])

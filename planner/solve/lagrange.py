@@ -169,6 +169,7 @@ class _ClassGrid:
         self.delta = max(s_max / (buckets - 1), 1.0)
         self.shifts = [np.floor(s / self.delta).astype(int) for s in shape.saved]
         self.gs = np.minimum(np.floor(grid / self.delta).astype(int), buckets - 1)
+        self.grid = grid
 
     def s_values(self) -> np.ndarray:
         return np.arange(self.buckets) * self.delta if self.ckpt else np.zeros(0)
@@ -182,13 +183,27 @@ class _ClassGrid:
         plain = np.concatenate([plain, np.full(plain.shape[:2] + (1,), np.inf)], axis=2)  # index -1: none
         best = plain[:, :, self.lx]  # (Q, P, J)
         if self.ckpt:
+            kept_in = w.b * sh.input_bytes.astype(float)[None, :, None]
             init = np.full((P, self.buckets), np.inf)
             init[:, 0] = 0.0
             node = [_node_w(sh, v, w, True)[:, None] * np.ones((1, self.buckets)) for v in range(len(sh.sizes))]
             kept = _forward(sh, self.plan, w, True, init, node, self.shifts)
-            kept = np.minimum.accumulate(kept, axis=2) + w.b * sh.input_bytes.astype(float)[None, :, None]
-            best = np.minimum(best, kept[:, :, self.gs])
+            kept = (np.minimum.accumulate(kept, axis=2) + kept_in)[:, :, self.gs]  # (Q, P, J)
+            # a second bound for "recomputed bytes S <= L": max over nu >= 0 of min(w + nu·S) - nu·L
+            nus = self._nus(w)
+            node = [_node_w(sh, v, w, True)[:, None] + sh.saved[v].astype(float)[:, None] * nus[None, :]
+                    for v in range(len(sh.sizes))]
+            priced = _forward(sh, self.plan, w, True, np.zeros((P, len(nus))), node, None) + kept_in  # (Q, P, E)
+            dual = np.max(priced[:, :, None, :] - nus[None, None, None, :] * self.grid[None, None, :, None], axis=3)
+            best = np.minimum(best, np.maximum(kept, dual))
         return np.transpose(best, (2, 1, 0))
+
+    def _nus(self, w: Weights) -> np.ndarray:
+        """Multipliers for the recomputed-bytes bound: 0 and a geometric range around the price of a byte."""
+        sh = self.shape
+        scale = w.b if w.b > 0 else w.a * sum(float(t.max()) for t in sh.time) / max(
+            1.0, float(sum(int(s.max()) for s in sh.saved)))
+        return np.concatenate([[0.0], scale * 4.0 ** np.arange(-6, 7)]) if scale > 0 else np.zeros(1)
 
 
 def _walks(W: np.ndarray, m: int, start: np.ndarray, end: np.ndarray, with_h: bool

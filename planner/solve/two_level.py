@@ -41,7 +41,7 @@ import numpy as np
 from planner.solve.decompose import Decomposition, decompose
 from planner.solve.driver import infeasible_or_fallback
 from planner.solve.evaluate import evaluate_indexed
-from planner.solve.frontier import FrontierPoint, block_frontier
+from planner.solve.frontier import FrontierPoint, FrontierTimeout, block_frontier
 from planner.solve.ilp import ONE, BuiltModel, IlpBuilder, LinExpr
 from planner.solve.indexed import IndexedProblem
 from planner.solve.lagrange import LagrangeBound, Weights, best_multiplier
@@ -80,7 +80,7 @@ class _Round:
     (seconds or peak bytes) of its assignment."""
 
     res: MilpResult
-    built: BuiltModel
+    built: BuiltModel | None
     choice: list[int]
     ckpt: list[int]
     value: float
@@ -103,10 +103,10 @@ class TwoLevel:
         self.points: list[list[FrontierPoint]] = [[] for _ in self.dec.classes]
         self.stats: dict[str, float] = {}
 
-    def _frontiers(self, mode: str, target: float) -> None:
+    def _frontiers(self, mode: str, target: float, deadline: float) -> None:
         self.points = [
             block_frontier(c.shape, checkpointing=self.ip.checkpointing, with_time=mode == "time",
-                           prune=self.bound.prune(k, target) if np.isfinite(target) else None)
+                           prune=self.bound.prune(k, target) if np.isfinite(target) else None, deadline=deadline)
             for k, c in enumerate(self.dec.classes)
         ]
         self.stats["points"] = float(sum(len(p) for p in self.points))
@@ -115,7 +115,11 @@ class TwoLevel:
         """Frontiers pruned to `target`, the outer ILP, and the exact value of its answer. `upper`: the value
         of an answer already found (the solver may prune anything worse). In time mode an answer that
         exceeds the budget by solver tolerance is retried with the memory row tightened."""
-        self._frontiers(mode, target)
+        try:
+            self._frontiers(mode, target, deadline)
+        except FrontierTimeout as err:
+            return _Round(MilpResult("error", None, np.nan, np.nan, np.nan, 0.0, solver, str(err)), None, [], [],
+                          np.inf)
         cap, shrink = (self.ip.budget if mode == "time" else None), 0
         for _ in range(4):
             built = self.build(mode, cap)
@@ -145,6 +149,7 @@ class TwoLevel:
         span = max(abs(lower) * 1e-4, 1.0 if mode == "memory" else 1e-12)
         target = lower + span if np.isfinite(lower) else np.inf
         best: _Round | None = None
+        floor = lower  # proven lower bound on the optimum
         asked = False
         self.stats["rounds"] = 0
         while True:
@@ -160,12 +165,14 @@ class TwoLevel:
             if finished and best is not None and target >= best.value - tol:
                 return best, best.value, True  # nothing at or below the target beats the best answer
             if not finished:  # time limit
-                bound = rnd.res.bound / rnd.built.scale if np.isfinite(rnd.res.bound) else lower
-                return (best if best is not None else rnd), max(lower, min(bound, target)), False
+                bound = rnd.res.bound / rnd.built.scale if rnd.built and np.isfinite(rnd.res.bound) else lower
+                return (best if best is not None else rnd), max(floor, min(bound, target)), False
+            floor = max(floor, target)  # no answer at or below this target exists
             if rnd.res.status == "infeasible" and best is None:
                 if not np.isfinite(target):
                     return rnd, lower, True
-                if not asked and on_infeasible is not None:
+                # wide targets are costly: first make sure some assignment fits at all
+                if not asked and on_infeasible is not None and span >= 1e-2 * abs(lower):
                     asked = True
                     if not on_infeasible():
                         return rnd, lower, True
