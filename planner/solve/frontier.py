@@ -24,12 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "BlockShape", "FrontierPoint", "FrontierTimeout", "FrontierTooLarge", "Prune", "SweepPlan", "block_frontier", "pareto_mask", "plan_sweep",
+    "BlockShape", "FrontierPoint", "FrontierTimeout", "FrontierTooLarge", "Prune", "SweepPlan", "block_frontier",
+    "group_pareto", "pareto_mask", "plan_sweep",
     "topological_order",
 ]
 
 # Labels compared at once in the pairwise dominance check (memory ~ chunk x labels x columns).
-_CHUNK = 512
+_CHUNK = 256
 
 
 class FrontierTooLarge(ValueError):
@@ -75,22 +76,26 @@ class FrontierPoint:
 
 
 def pareto_mask(values: np.ndarray) -> np.ndarray:
-    """Boolean mask of the rows of `values` (k x d) not weakly dominated by an earlier-sorted row: of equal
-    rows one is kept. Smaller is better in every column."""
+    """Boolean mask of the rows of `values` (k x d) not weakly dominated by another row: of equal rows one
+    is kept. Smaller is better in every column. Rows are visited in lexicographic order, so a row can
+    only be dominated by an earlier one; each chunk is compared with the rows kept so far and with
+    itself, which costs k x (kept + chunk) comparisons rather than k^2."""
     k = len(values)
     keep = np.ones(k, dtype=bool)
     if k <= 1:
         return keep
     order = np.lexsort(values.T[::-1])
     w = values[order]
-    sorted_keep = np.ones(k, dtype=bool)
-    for start in range(1, k, _CHUNK):
-        stop = min(start + _CHUNK, k)
-        block = w[start:stop]  # (c, d)
-        prev = w[:stop]  # (stop, d)
-        dom = np.all(prev[None, :, :] <= block[:, None, :], axis=2)
-        dom &= np.arange(stop)[None, :] < np.arange(start, stop)[:, None]
-        sorted_keep[start:stop] = ~dom.any(axis=1)
+    sorted_keep = np.zeros(k, dtype=bool)
+    kept = w[:0]
+    for start in range(0, k, _CHUNK):
+        block = w[start:start + _CHUNK]  # (c, d)
+        inner = np.all(block[None, :, :] <= block[:, None, :], axis=2)  # [i, j]: row j <= row i
+        dom = np.tril(inner, k=-1).any(axis=1)
+        if len(kept):
+            dom |= np.all(kept[None, :, :] <= block[:, None, :], axis=2).any(axis=1)
+        sorted_keep[start:start + len(block)] = ~dom
+        kept = np.concatenate([kept, block[~dom]])
     keep[order] = sorted_keep
     return keep
 
@@ -148,54 +153,76 @@ def plan_sweep(shape: BlockShape) -> SweepPlan:
     return SweepPlan(order, live, incoming, port)
 
 
-# prune(step, key, labels) -> mask of labels to keep; labels are rows (add, saved, transient, time)
-Prune = Callable[[int, tuple[int, ...], np.ndarray], np.ndarray]
+# prune(step, keys, labels) -> mask of labels to keep; keys (N x len(live[step])) are the live nodes' choices,
+# labels (N x 4) rows (add, saved, transient, time)
+Prune = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
+
+_SHIFT_GROUP = 64  # groups up to this size are checked by shifted comparisons, larger ones one by one
+_MAX_EXPANSION = 20_000_000  # labels x choices one sweep step may create
+
+
+def group_pareto(codes: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Indices of the rows not weakly dominated by another row with the same code (of equal rows one is
+    kept), all groups at once: rows sorted by (code, columns) can only be dominated by earlier rows of
+    their group, compared by shifting the sorted array."""
+    if len(codes) == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(tuple(values[:, k] for k in range(values.shape[1] - 1, -1, -1)) + (codes,))
+    c, w = codes[order], values[order]
+    starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+    sizes = np.diff(np.r_[starts, len(c)])
+    dominated = np.zeros(len(c), dtype=bool)
+    for d in range(1, min(int(sizes.max()), _SHIFT_GROUP)):
+        dominated[d:] |= (c[d:] == c[:-d]) & np.all(w[:-d] <= w[d:], axis=1)
+    for first, size in zip(starts[sizes > _SHIFT_GROUP], sizes[sizes > _SHIFT_GROUP]):
+        dominated[first:first + size] = ~pareto_mask(w[first:first + size])
+    return order[~dominated]
 
 
 def _sweep(shape: BlockShape, plan: SweepPlan, p: int, ckpt: bool, with_time: bool, prune: Prune | None,
-           max_labels: int, deadline: float = np.inf) -> dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]]:
-    """The Pareto DP for port choice p: final key (output choice,) -> (labels (k x 4), assignments (k x n),
-    in sweep order). Label columns: additive bytes (state, + saved unless checkpointed), saved bytes
-    (checkpointed only), largest transient, time."""
+           max_labels: int, deadline: float = np.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Pareto DP for port choice p, vectorised over all labels of a step. Returns the final labels'
+    keys (N x 1: output choice, or N x 0), labels (N x 4: additive bytes (state, + saved unless
+    checkpointed), saved bytes (checkpointed only), largest transient, time) and assignments (N x n, in
+    sweep order)."""
     prev: list[int] = []
-    labels = {(): (np.zeros((1, 4)), np.zeros((1, 0), dtype=np.int16))}
+    keys = np.zeros((1, 0), dtype=np.int64)
+    vals = np.zeros((1, 4))
+    asg = np.zeros((1, 0), dtype=np.int16)
     for i, v in enumerate(plan.order):
         if time.perf_counter() > deadline:
             raise FrontierTimeout("block frontier ran past the time limit")
-        live = plan.live[i]
-        port_t = plan.port[v][0][p] + (plan.port[v][1][p] if ckpt else 0.0)
-        grouped: dict[tuple[int, ...], list[tuple[np.ndarray, np.ndarray]]] = {}
-        for key, (vals, asg) in labels.items():
-            known = dict(zip(prev, key))
-            for c in range(shape.sizes[v]):
-                dt = shape.time[v][c] + (shape.recompute[v][c] if ckpt else 0.0) + port_t[c]
-                for s, cost, rec in plan.incoming[v]:
-                    dt += cost[known[s], c] + (rec[known[s], c] if ckpt else 0.0)
-                saved = float(shape.saved[v][c])
-                step = np.array([shape.state[v][c] + (0.0 if ckpt else saved), saved if ckpt else 0.0, 0.0,
-                                 dt if with_time else 0.0])
-                new = vals + step
-                new[:, 2] = np.maximum(vals[:, 2], float(shape.transient[v][c]))
-                known[v] = c
-                new_key = tuple(known[u] for u in live)
-                col = np.full((len(new), 1), c, dtype=np.int16)
-                grouped.setdefault(new_key, []).append((new, np.hstack([asg, col])))
-        labels = {}
-        total = 0
-        for key, parts in grouped.items():
-            vals = np.vstack([a for a, _ in parts])
-            asg = np.vstack([b for _, b in parts])
-            if prune is not None:  # cheap, linear: before the quadratic dominance check
-                alive = prune(i, key, vals)
-                vals, asg = vals[alive], asg[alive]
-            keep = pareto_mask(vals)
-            if keep.any():
-                labels[key] = (vals[keep], asg[keep])
-                total += int(keep.sum())
-        if total > max_labels:
+        size, live = shape.sizes[v], plan.live[i]
+        if len(vals) * size > _MAX_EXPANSION:
+            raise FrontierTooLarge(f"block frontier would expand {len(vals)} labels by {size} choices at node {i}")
+        rep = np.repeat(np.arange(len(vals)), size)
+        cs = np.tile(np.arange(size), len(vals))
+        step_t = shape.time[v] + plan.port[v][0][p] + ((shape.recompute[v] + plan.port[v][1][p]) if ckpt else 0.0)
+        dt = step_t[cs]
+        for s, cost, rec in plan.incoming[v]:
+            src = keys[rep, prev.index(s)]
+            dt = dt + (cost + rec if ckpt else cost)[src, cs]
+        new = vals[rep]
+        new[:, 0] += (shape.state[v] + (0 if ckpt else shape.saved[v]))[cs]
+        if ckpt:
+            new[:, 1] += shape.saved[v][cs]
+        new[:, 2] = np.maximum(new[:, 2], shape.transient[v][cs])
+        if with_time:
+            new[:, 3] += dt
+        cols = [cs if u == v else keys[rep, prev.index(u)] for u in live]
+        new_keys = np.stack(cols, axis=1) if cols else np.zeros((len(new), 0), dtype=np.int64)
+        new_asg = np.hstack([asg[rep], cs[:, None].astype(np.int16)])
+        if prune is not None:  # cheap, linear: before the dominance check
+            alive = prune(i, new_keys, new)
+            new_keys, new, new_asg = new_keys[alive], new[alive], new_asg[alive]
+        codes = (np.ravel_multi_index(tuple(new_keys.T), [shape.sizes[u] for u in live]) if live
+                 else np.zeros(len(new), dtype=np.int64))
+        keep = group_pareto(codes, new)
+        keys, vals, asg = new_keys[keep], new[keep], new_asg[keep]
+        if len(vals) > max_labels:
             raise FrontierTooLarge(f"block frontier needs more than {max_labels} labels at node {i}")
         prev = live
-    return labels
+    return keys, vals, asg
 
 
 def block_frontier(shape: BlockShape, *, checkpointing: bool, with_time: bool = True,
@@ -217,12 +244,12 @@ def block_frontier(shape: BlockShape, *, checkpointing: bool, with_time: bool = 
         meta: list[tuple[int, bool, tuple[int, ...]]] = []
         for ckpt in ([False, True] if checkpointing else [False]):
             hook = prune(p, ckpt) if prune is not None else None
-            for key, (vals, asg) in _sweep(shape, plan, p, ckpt, with_time, hook, max_labels, deadline).items():
-                q = key[0] if key else 0
-                add = vals[:, 0] + (float(shape.input_bytes[p]) if ckpt else 0.0)
-                top = np.maximum(vals[:, 1], vals[:, 2])
-                rows.append(np.stack([np.full(len(vals), q), add, top, vals[:, 3]], axis=1))
-                meta += [(q, ckpt, tuple(int(x) for x in a[inverse])) for a in asg]
+            keys, vals, asg = _sweep(shape, plan, p, ckpt, with_time, hook, max_labels, deadline)
+            q = keys[:, 0] if keys.shape[1] else np.zeros(len(vals), dtype=np.int64)
+            add = vals[:, 0] + (float(shape.input_bytes[p]) if ckpt else 0.0)
+            top = np.maximum(vals[:, 1], vals[:, 2])
+            rows.append(np.stack([q, add, top, vals[:, 3]], axis=1))
+            meta += [(int(qq), ckpt, tuple(int(x) for x in a[inverse])) for qq, a in zip(q, asg)]
         if not rows:
             continue
         table = np.vstack(rows)

@@ -37,6 +37,7 @@ from planner.solve.indexed import IndexedProblem
 __all__ = ["Weights", "LagrangeBound", "best_multiplier"]
 
 S_BUCKETS = 256  # most recomputed-byte buckets per checkpointed class
+T_STEPS = 256  # evenly spaced max-term values added to the bucket grid
 _FINE_CELLS = 4_000_000  # target size of one DP tensor for the exact bound
 _COARSE_CELLS = 500_000  # ... and for the multiplier search
 
@@ -234,7 +235,9 @@ class LagrangeBound:
         values = [t.astype(float) for t in ip.transient] + [np.array([self.floor])]
         grid0 = np.unique(np.concatenate(values))
         self.classes = [_ClassGrid(c.shape, ip.checkpointing, grid0) for c in dec.classes]
-        grid = np.unique(np.concatenate([grid0] + [c.s_values() for c in self.classes]))
+        top = max([float(grid0.max())] + [float(c.s_values().max(initial=0.0)) for c in self.classes])
+        even = np.linspace(self.floor, top, T_STEPS + 1)  # the bound pays mu·L_{j-1}: keep buckets narrow
+        grid = np.unique(np.concatenate([grid0, even] + [c.s_values() for c in self.classes]))
         self.grid = grid[grid >= self.floor]
         self.classes = [_ClassGrid(c.shape, ip.checkpointing, self.grid) for c in dec.classes]
         self.coarse = [_ClassGrid(c.shape, ip.checkpointing, self.grid, coarse=True) for c in dec.classes]
@@ -303,14 +306,16 @@ class LagrangeBound:
         def factory(p: int, ckpt: bool) -> Prune:
             kept = w.b * float(shape.input_bytes[p]) if ckpt else 0.0
 
-            def keep(i: int, key: tuple[int, ...], vals: np.ndarray) -> np.ndarray:
+            def keep(i: int, keys: np.ndarray, vals: np.ndarray) -> np.ndarray:
                 own = w.a * vals[:, 3] + w.b * vals[:, 0] + kept
                 top = np.maximum(vals[:, 1], vals[:, 2]) if ckpt else vals[:, 2]
                 j = np.searchsorted(self.grid, np.maximum(top, self.floor), side="left")
-                phi = tables[ckpt][i][key][:, p]  # (Q,)
+                table = tables[ckpt][i]  # live choices... x (Q, P)
+                phi = table[tuple(keys.T)][:, :, p] if keys.shape[1] else np.broadcast_to(table[:, p], (len(vals),
+                                                                                                         table.shape[0]))
                 inside = j < len(self.grid)
                 bound = np.full(len(vals), np.inf)
-                bound[inside] = own[inside] + np.min(phi[None, :] + rest[j[inside], p, :], axis=1)
+                bound[inside] = own[inside] + np.min(phi[inside] + rest[j[inside], p, :], axis=1)
                 return bound <= target + tol
 
             return keep

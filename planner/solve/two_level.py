@@ -45,7 +45,7 @@ from planner.solve.frontier import FrontierPoint, FrontierTimeout, block_frontie
 from planner.solve.ilp import ONE, BuiltModel, IlpBuilder, LinExpr
 from planner.solve.indexed import IndexedProblem
 from planner.solve.lagrange import LagrangeBound, Weights, best_multiplier
-from planner.solve.milp import MilpResult, solve_milp
+from planner.solve.milp import MilpResult, resolve_solver, solve_milp
 from planner.solve.min_budget import LeastMemory
 from planner.solve.problem import Solution
 
@@ -194,6 +194,11 @@ class TwoLevel:
         start = time.perf_counter()
         deadline = start + time_limit
         ip = self.ip
+        if self.bound.evaluate(Weights(0.0, 1.0, 0.0)) > ip.budget:  # even the least memory exceeds the budget
+            base = dict(seconds=0.0, solver=resolve_solver(solver), method="two_level")
+            answer = infeasible_or_fallback(ip, self.least(solver, deadline), base)
+            answer.seconds = time.perf_counter() - start
+            return answer
         mu = best_multiplier(self.bound, ip.budget)
         lower = self.bound.evaluate(Weights(1.0, mu, mu * ip.budget), keep=True)
         self.stats.update(mu=mu, lower=lower)
