@@ -26,15 +26,17 @@ from planner.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNo
 from planner.solve.two_level import TwoLevel
 
 __all__ = [
-    "AUTO_FLAT_LIMIT", "METHODS", "PROGRESS_DELAY_S", "Block", "Choice", "NotDecomposable", "Problem", "ProblemEdge", "ProblemError",
-    "ProblemNode", "Solution", "SolverError", "brute_force", "evaluate", "solve",
+    "AUTO_FLAT_LIMIT", "METHODS", "PROGRESS_DELAY_S", "Block", "Choice", "FrontierTooLarge", "NotDecomposable",
+    "Problem", "ProblemEdge", "ProblemError", "ProblemNode", "Solution", "SolverError", "brute_force", "evaluate",
+    "solve",
 ]
 
 log = logging.getLogger(__name__)
 
 METHODS = ("auto", "flat", "two_level")
 # method="auto" uses the two-level solve when the flat ILP would have more integer variables than this
-# (and some class has >= 2 identical blocks). Below it the flat ILP solves in well under a second.
+# and some class has >= 2 identical blocks: symmetric copies of a block slow the flat ILP's branch and
+# bound down already at a few dozen binaries (e.g. 2 s against 0.2 s for 2 blocks x 6 ops x 4 choices).
 AUTO_FLAT_LIMIT = 50
 # progress=True shows a line only for solves longer than this (seconds)
 PROGRESS_DELAY_S = 1.0
@@ -56,14 +58,17 @@ def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, 
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
     solver: "highs" (falls back to "cbc" with a warning when highspy is missing) or "cbc".
-    time_limit: seconds for each ILP solve; when it is hit the best assignment found so far is returned
-        with status "feasible" and its relative gap, or status "error" with a message if none was found.
+    time_limit: seconds for the solve; when it is hit the best assignment found so far is returned with
+        status "feasible" and its relative gap, or status "error" with a message if none was found. (The
+        two-level solve's bound search is not interrupted, and an infeasible budget's search for the
+        least memory gets its own time_limit.)
     method: "flat", "two_level" (raises NotDecomposable when the blocks do not have one input and one
         output node each) or "auto".
     progress: show a spinner on stderr for solves that last more than a second.
 
-    An infeasible budget gives status "infeasible" with `min_feasible_budget` (the exact least peak) and
-    the least-memory assignment in `choice`/`checkpointed`/`peak_bytes`.
+    An infeasible budget gives status "infeasible" with `min_feasible_budget` (the least peak; `message`
+    says when the time limit left it unproven) and the least-memory assignment in `choice`,
+    `checkpointed` and `peak_bytes`.
     """
     if method not in METHODS:
         raise SolverError(f"unknown method {method!r}; use one of {METHODS}")

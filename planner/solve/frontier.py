@@ -11,7 +11,9 @@ Everything outside only gets better when any of the three shrinks, so for each (
 non-dominated points matter. The dynamic program sweeps the block's nodes in topological order; its
 state is the choices of the nodes already swept that still have edges to unswept ones (and of the output
 node), which handles DAG blocks such as a transformer layer with a residual edge. Each state keeps a
-Pareto set of labels (add, saved, max transient, time) with the assignment that produced them.
+Pareto set of labels (add, saved, max transient, time) with the assignment that produced them. A step
+is computed for all labels at once with numpy; an optional filter (the two-level solve's Lagrangian bound)
+drops labels before the dominance check.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ import numpy as np
 
 __all__ = [
     "BlockShape", "FrontierPoint", "FrontierTimeout", "FrontierTooLarge", "Prune", "SweepPlan", "block_frontier",
-    "group_pareto", "pareto_mask", "plan_sweep",
-    "topological_order",
+    "group_pareto", "pareto_mask", "plan_sweep", "topological_order",
 ]
 
 # Labels compared at once in the pairwise dominance check (memory ~ chunk x labels x columns).
