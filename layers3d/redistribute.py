@@ -29,7 +29,10 @@ def run_step(t: torch.Tensor, step: Step, mesh: DeviceMesh, tag: str = "edge") -
     if step.kind == "all_gather":
         return all_gather(t, step.dim, step.axes, mesh, tag=tag, interleave=k)
     if step.kind == "slice":
-        return split_chunks(t, step.dim, mesh.size(step.axes), k)[mesh.group_rank(step.axes)].contiguous()
+        # A copy, never a view: a view would keep the whole (often just gathered) tensor alive for as long
+        # as the slice lives, e.g. saved for backward, where the cost model counts only the slice.
+        return split_chunks(t, step.dim, mesh.size(step.axes), k)[mesh.group_rank(step.axes)].clone(
+            memory_format=torch.contiguous_format)
     if step.kind == "reduce_scatter":
         return reduce_scatter(t, step.dim, step.axes, mesh, tag=tag, interleave=k)
     if step.kind == "all_reduce":
