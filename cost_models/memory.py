@@ -2,8 +2,15 @@
 
     model states   = local parameter elements x bytes per parameter (BYTES_PER_PARAM presets)
     saved          = the tensors autograd keeps for backward, each counted once by its key
-    transient      = the largest temporary buffer set alive while one op runs
+    transient      = the largest set of temporary buffers alive together while one op or one layout
+                     conversion runs, forward or backward (gathered buffers, collective staging, the
+                     gradients flowing in and out of it): its working set beyond what is saved
     peak          ~= model states + saved + max transient
+
+The peak this predicts is what `planner.measure_memory` measures: the most bytes held at once by tensor
+storages during a training step (parameters, gradients, optimizer states, inputs, everything the step
+creates). It over-counts in one direction on purpose: every gradient and every saved activation is
+counted as alive together, which the backward pass never quite reaches.
 
 What each op saves is in docs/ARCHITECTURE.md ("Saved activations"); this module holds the device-kind
 facts (dropout masks) and the sums, so tests and the plan builder count the same way.
@@ -11,13 +18,16 @@ facts (dropout masks) and the sums, so tests and the plan builder count the same
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+from cost_models.mesh import Mesh
 from cost_models.ops import DTYPE_BYTES
+from cost_models.redistribution import Step
 from cost_models.strategy import OpCost, SavedTensor
 
 __all__ = ["BYTES_PER_PARAM", "MemoryModelError", "DEVICE_KINDS", "dropout_mask_itemsize", "norm_stats_itemsize", "model_state_bytes",
-           "unique_saved_bytes", "peak_bytes", "resolve_bytes_per_param"]
+           "unique_saved_bytes", "peak_bytes", "resolve_bytes_per_param",
+           "conversion_working_set"]
 
 # Bytes of model state per parameter element:
 #   fp32_adam:  4 param + 4 grad + 4 Adam m + 4 Adam v
@@ -86,3 +96,29 @@ def peak_bytes(costs: Iterable[OpCost], bytes_per_param: int | str) -> int:
     saved = unique_saved_bytes(s for c in costs for s in c.saved)
     transient = max((c.transient_bytes for c in costs), default=0)
     return states + saved + transient
+
+
+def conversion_working_set(steps: Sequence[Step], shape: Sequence[int], itemsize: int, mesh: Mesh) -> int:
+    """Most bytes alive at once while the runtime (`layers3d.redistribute`) runs `steps` on one local
+    tensor: the tensor it started from (held by its caller throughout), the current step's input, the
+    step's staging buffers and its output. Staging follows `layers3d.comm`: an all-gather receives the n
+    blocks into separate buffers and concatenates them (staging = the gathered size); an all-to-all copies
+    its send blocks unless they split dim 0, receives n blocks, and concatenates them; a reduce-scatter
+    copies its send blocks unless they split dim 0; an all-reduce and a slice write a fresh output only."""
+    if not steps:
+        return 0
+    first = steps[0].before.local_numel(tuple(shape), mesh) * itemsize
+    most = 0
+    for i, s in enumerate(steps):
+        before = s.before.local_numel(tuple(shape), mesh) * itemsize
+        after = s.after.local_numel(tuple(shape), mesh) * itemsize
+        if s.kind == "all_gather":
+            staging = after
+        elif s.kind == "all_to_all":
+            staging = before + (before if s.dst_dim != 0 else 0)
+        elif s.kind == "reduce_scatter":
+            staging = before if s.dim != 0 else 0
+        else:
+            staging = 0
+        most = max(most, first + (before if i else 0) + staging + after)
+    return most

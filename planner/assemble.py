@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
+from cost_models.memory import conversion_working_set
 from planner.build import BuiltProblem, _out_layout
 from planner.graph import ModelGraph
 from planner.plan_format import (
@@ -66,6 +67,9 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     # Redistributions on every edge whose layouts differ.
     redists: list[Redistribution] = []
     into: dict[str, tuple[float, float, int, int]] = {}  # node -> (seconds, forward seconds, bytes, forward bytes)
+    # node -> the largest working set of a conversion into it (forward or backward): a transient the
+    # solver's per-op choices do not see (it depends on the producer's choice too), priced here.
+    edge_ws: dict[str, int] = {}
     flows = grad_flow(graph.nodes)
     for op in graph.nodes:
         strat = built.strategies[op.name][pick[op.name]]
@@ -84,9 +88,13 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             s0, f0, b0, fb0 = into.get(op.name, (0.0, 0.0, 0, 0))
             fwd_bytes = sum(c.bytes for c in ec.collectives if c.phase == "forward")
             into[op.name] = (s0 + secs, f0 + ec.fwd_seconds, b0 + nbytes, fb0 + fwd_bytes)
+            edge_ws[op.name] = max(edge_ws.get(op.name, 0), *(
+                conversion_working_set(steps, meta.shape, meta.itemsize, mesh) for steps in (ec.forward, ec.backward)))
 
-    # Per-block recomputed activations (alive during that block's backward).
+    # Recomputed activations of a checkpointed block alive while one of its ops is differentiated: those
+    # of the ops up to and including it (in forward order; the later ones are freed by then).
     block_saved: dict[str, int] = {}
+    recomputed_upto: dict[str, int] = {}
     seen_keys: set[str] = set()
     op_saved: dict[str, int] = {}
     alias = _identity_aliases(graph)
@@ -101,6 +109,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
         op_saved[op.name] = fresh
         if in_ckpt[op.name]:
             block_saved[op.block] = block_saved.get(op.block, 0) + fresh
+            recomputed_upto[op.name] = block_saved[op.block]
 
     # A checkpointed block keeps its input: charge it to the first op in the block that reads it.
     kept: dict[str, int] = {}
@@ -125,7 +134,9 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
         r_secs, r_fwd, r_bytes, r_fwd_bytes = into.get(op.name, (0.0, 0.0, 0, 0))
         ck = in_ckpt[op.name]
         saved = kept.get(op.name, 0) if ck else op_saved[op.name]
-        transient = max(cost.transient_bytes, block_saved.get(op.block, 0) if ck else 0)
+        # In a checkpointed block's backward, recomputed activations are alive together with the working
+        # set of the op (or the conversion into it) being differentiated.
+        transient = max(cost.transient_bytes, edge_ws.get(op.name, 0)) + (recomputed_upto.get(op.name, 0) if ck else 0)
         recompute = (cost.recompute_s + r_fwd) if ck else 0.0
         ac = AssignmentCost(state_bytes=cost.param_elems * bytes_per_param, saved_bytes=saved,
                             transient_bytes=transient, compute_s=cost.compute_s, comm_s=cost.comm_s,

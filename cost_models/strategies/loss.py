@@ -56,7 +56,17 @@ def cross_entropy_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: s
         else:
             u.save(f"{op.name}:log_softmax:{lay}", logit_bytes)
         u.save(tensor_key(op.inputs[1], t_lay), local_bytes(targets, t_lay, mesh))
-        u.temp(logit_bytes)
+        # Working sets of layers3d.loss (fp32 math): forward holds the logits, z = logits - max and exp(z)
+        # (plus the fp32 softmax before its cast when the logits are 16-bit; the cast copy is saved);
+        # backward builds the fp32 gradient (from an fp32 copy of the saved softmax when 16-bit) and casts
+        # it back. nll_loss (input already log-probabilities) only reads its input.
+        f32 = 4 * lay.local_numel(logits.shape, mesh)
+        if nll:
+            u.temp(logit_bytes)
+        else:
+            half = logits.itemsize != 4
+            u.temp(max(logit_bytes + 2 * f32 + (f32 if half else 0),
+                       f32 + ((f32 + logit_bytes) if half else 0)))
         u.fwd_flops = FLOPS_PER_ELEM["cross_entropy"] * lay.local_numel(logits.shape, mesh)
         u.bwd_flops = 2 * lay.local_numel(logits.shape, mesh)
         u.fwd_bytes, u.bwd_bytes = 2 * logit_bytes, 2 * logit_bytes
