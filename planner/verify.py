@@ -9,7 +9,9 @@ one forward and backward of both on the same inputs and then `--steps` AdamW ste
 * communication: the bytes `layers3d.CommCounter` records in the first step, per collective kind and
   phase, against the bytes the plan's strategies predict (exactly);
 * activations: the bytes autograd saves in the parallel forward (unique storages, per rank) against the
-  plan's `activation_bytes`, within `--act-tol`.
+  plan's `activation_bytes`, within `--act-tol`;
+* peak memory: the most bytes live tensor storages hold during one more AdamW training step of the
+  parallel model (`planner.measure_memory`), per rank, against the plan's `peak_memory_bytes`, within 10%.
 
 Rank 0 prints the report. The exit status is 0 when everything holds, 1 otherwise; a rank that raises or
 dies makes every rank exit with 1 within seconds, printing the failing rank's message (`RankGuard`).
@@ -157,6 +159,14 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
         floor = max((ref[k].abs().max().item() for k in floats if ref[k].numel()), default=0.0)
         report.errors.append(_worst(f"parameters after {steps} steps", [
             (k, rel_error(v, ref[k], floor)) for k, v in floats.items()]))
+    # --- peak memory of one training step (planner.measure_memory), last: it moves the parameters -----
+    from planner.measure_memory import step_peak_bytes
+
+    parallel.zero_grad(set_to_none=True)
+    peak_p = step_peak_bytes(parallel, lambda: _loss(_call(parallel, inputs)),
+                             torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps))["peak"]
+    report.measured_peak, report.predicted_peak = [None] * dist.get_world_size(), plan.predicted.peak_memory_bytes
+    dist.all_gather_object(report.measured_peak, int(peak_p))
     if rank == 0:
         print(format_report(report), file=out or sys.stdout, flush=True)
     dist.barrier()

@@ -2,7 +2,8 @@
 
 Errors are relative: max |parallel - dense| / max |dense| per tensor (so a tensor of zeros compares by its
 absolute error). Communication is compared per collective kind and phase (forward, backward, recompute),
-measured bytes against predicted bytes; activations per rank, measured against predicted bytes.
+measured bytes against predicted bytes; activations per rank, measured against predicted bytes; the peak
+memory of a training step per rank (`planner.measure_memory`) against the plan's `peak_memory_bytes`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class VerifyReport:
     comm_off_ranks: list[int] = field(default_factory=list)  # ranks whose collectives differ from the prediction
     step_peak: list[int] = field(default_factory=list)  # CUDA only: allocator peak above the memory held before
     predicted_step_peak: int = 0
+    measured_peak: list[int] = field(default_factory=list)  # per rank: planner.measure_memory.step_peak_bytes
+    predicted_peak: int = 0
+    peak_tol: float = 0.10
 
     # --- verdicts --------------------------------------------------------------------------------
     def numeric_ok(self) -> bool:
@@ -79,9 +83,16 @@ class VerifyReport:
     def act_ok(self) -> bool:
         return all(abs(e) <= self.act_tol for e in self.act_errors())
 
+    def peak_errors(self) -> list[float]:
+        p = max(self.predicted_peak, 1)
+        return [(m - self.predicted_peak) / p for m in self.measured_peak]
+
+    def peak_ok(self) -> bool:
+        return all(abs(e) <= self.peak_tol for e in self.peak_errors())
+
     @property
     def ok(self) -> bool:
-        return self.numeric_ok() and self.comm_ok() and self.act_ok()
+        return self.numeric_ok() and self.comm_ok() and self.act_ok() and self.peak_ok()
 
 
 def _mark(ok: bool) -> str:
@@ -139,8 +150,15 @@ def format_report(r: VerifyReport) -> str:
                       "information: the prediction is activations + transient):"]
         lines += _table([(f"rank {i}", _fmt_bytes(p), _fmt_bytes(r.predicted_step_peak))
                          for i, p in enumerate(r.step_peak)], ("rank", "measured", "predicted"))
+    if r.measured_peak:
+        lines += ["", f"Peak memory of a training step per rank (bytes; live tensor storages: parameters, gradients, "
+                      f"optimizer states and everything the step creates; tolerance {r.peak_tol:.0%}):"]
+        rows = [(f"rank {i}", _fmt_bytes(m), _fmt_bytes(r.predicted_peak), f"{m / max(r.predicted_peak, 1):.3f}",
+                 f"{e:+.2%}", _mark(abs(e) <= r.peak_tol)) for i, (m, e) in enumerate(zip(r.measured_peak,
+                                                                                           r.peak_errors()))]
+        lines += _table(rows, ("rank", "measured", "predicted", "ratio", "diff", ""))
     verdict = "PASS" if r.ok else "FAIL: " + ", ".join(
-        w for w, ok in (("numerics", r.numeric_ok()), ("communication", r.comm_ok()), ("activations", r.act_ok()))
-        if not ok)
+        w for w, ok in (("numerics", r.numeric_ok()), ("communication", r.comm_ok()), ("activations", r.act_ok()),
+                        ("peak memory", r.peak_ok())) if not ok)
     lines += ["", verdict]
     return "\n".join(lines)
