@@ -136,9 +136,11 @@ def test_not_decomposable() -> None:
     assert sol.method == "flat" and sol.objective == pytest.approx(brute_force(problem).objective, rel=1e-9)
 
 
-def test_auto_picks_two_level_for_many_identical_blocks() -> None:
+def test_auto_picks_priced_for_many_identical_blocks() -> None:
     problem = repeated_blocks(np.random.default_rng(11), n_blocks=16, block_nodes=6, choices=4, residual=True)
     sol = solve(problem)
-    assert sol.method == "two_level" and sol.status == "optimal"
+    exact = solve(problem, method="two_level")
+    assert sol.method == "priced" and exact.status == "optimal"
     assert sol.peak_bytes <= problem.budget_bytes
+    assert exact.objective * (1 - 1e-9) <= sol.objective and sol.objective * (1 - sol.gap) <= exact.objective * (1 + 1e-9)
     assert solve(repeated_blocks(np.random.default_rng(11), n_blocks=2, block_nodes=3, choices=2)).method == "flat"

@@ -4,8 +4,8 @@
     sol = solve(problem)                      # method="auto": two-level for large repeated-block problems
     time_s, peak_bytes, breakdown = evaluate(problem, sol.choice, sol.checkpointed)
 
-`solve` runs the flat ILP (`planner.solve.ilp`) or the two-level solve (`planner.solve.two_level`) and
-always reports the objective and peak recomputed from the formulas (`planner.solve.evaluate`).
+`solve` runs the flat ILP (`planner.solve.ilp`), the priced search with a column ILP for many identical
+blocks (`planner.solve.columns`), or the exact two-level solve (`planner.solve.two_level`), and always reports the objective and peak recomputed from the formulas (`planner.solve.evaluate`).
 `brute_force` is the exhaustive reference used by the tests.
 """
 
@@ -15,6 +15,7 @@ import logging
 import time
 
 from planner.solve.brute_force import brute_force
+from planner.solve.columns import PricedSolve
 from planner.solve.decompose import NotDecomposable, decompose
 from planner.solve.driver import solve_built
 from planner.solve.evaluate import evaluate
@@ -33,10 +34,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-METHODS = ("auto", "flat", "two_level")
-# method="auto" uses the two-level solve when the flat ILP would have more integer variables than this
-# and some class has >= 2 identical blocks: symmetric copies of a block slow the flat ILP's branch and
-# bound down already at a few dozen binaries (e.g. 2 s against 0.2 s for 2 blocks x 6 ops x 4 choices).
+METHODS = ("auto", "flat", "priced", "two_level")
+# method="auto" uses the priced solve when the flat ILP would have more integer variables than this and
+# some class has >= 2 identical blocks: symmetric copies of a block slow the flat ILP's branch and bound
+# down already at a few dozen binaries (e.g. 2 s against 0.2 s for 2 blocks x 6 ops x 4 choices).
 AUTO_FLAT_LIMIT = 50
 # progress=True shows a line only for solves longer than this (seconds)
 PROGRESS_DELAY_S = 1.0
@@ -50,7 +51,7 @@ def _pick_method(ip: IndexedProblem) -> str:
     except NotDecomposable as err:
         log.info("two-level solve not applicable (%s); using the flat ILP", err)
         return "flat"
-    return "two_level" if any(len(c.blocks) >= 2 for c in dec.classes) else "flat"
+    return "priced" if any(len(c.blocks) >= 2 for c in dec.classes) else "flat"
 
 
 def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, method: str = "auto",
@@ -62,8 +63,10 @@ def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, 
         status "feasible" and its relative gap, or status "error" with a message if none was found. (The
         two-level solve's bound search is not interrupted, and an infeasible budget's search for the
         least memory gets its own time_limit.)
-    method: "flat", "two_level" (raises NotDecomposable when the blocks do not have one input and one
-        output node each) or "auto".
+    method: "flat" (exact), "priced" (fast, for many identical blocks: a priced search and a column ILP,
+        status "optimal" only when its gap to a Lagrangian lower bound closes, otherwise "feasible" with
+        that gap), "two_level" (exact; both raise NotDecomposable when the blocks do not have one input
+        and one output node each) or "auto" (flat for small problems, priced for repeated blocks).
     progress: show a spinner on stderr for solves that last more than a second.
 
     An infeasible budget gives status "infeasible" with `min_feasible_budget` (the least peak; `message`
@@ -80,6 +83,13 @@ def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, 
     chosen = _pick_method(ip) if method == "auto" else method
     with Progress(progress, f"planner: {chosen.replace('_', '-')} solve of {ip.n} nodes", PROGRESS_DELAY_S):
         sol = None
+        if chosen == "priced":
+            try:
+                sol = PricedSolve(ip, decompose(ip)).solve(name, time_limit)
+            except NotDecomposable as err:
+                if method == "priced":
+                    raise
+                log.info("priced solve not applicable (%s); using the flat ILP", err)
         if chosen == "two_level":
             try:
                 sol = TwoLevel(ip).solve(name, time_limit)

@@ -120,10 +120,15 @@ class TwoLevel:
         except FrontierTimeout as err:
             return _Round(MilpResult("error", None, np.nan, np.nan, np.nan, 0.0, solver, str(err)), None, [], [],
                           np.inf)
+        return self.outer(mode, solver, deadline, upper)
+
+    def outer(self, mode: str, solver: str, deadline: float, upper: float = np.inf, rel_gap: float = 1e-9) -> _Round:
+        """The outer ILP over the current `points` and the exact value of its answer (see `_round`);
+        `rel_gap`: the relative gap at which a time-mode solve may stop."""
         cap, shrink = (self.ip.budget if mode == "time" else None), 0
         for _ in range(4):
             built = self.build(mode, cap)
-            gaps = {} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
+            gaps = {"rel_gap": rel_gap} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
             slack = 1e-7 * abs(upper) if mode == "time" else 1.0
             res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(),
                              cutoff=(upper + slack) * built.scale, **gaps)

@@ -1,0 +1,183 @@
+"""The cheapest way to run a block for every boundary (port choice p, output choice q), under one price.
+
+A price says what a second of step time, a byte of additive memory and a byte a checkpointed block
+recomputes are worth against each other (`Price`); under it a block's cost is one number per boundary,
+so the best internal assignment of each (p, q) follows from exact variable elimination
+(`planner.solve.eliminate`). A transformer layer is swept in pieces: wherever a single tensor carries
+everything later nodes need (the residual stream after an add), the sweep is cut and the pieces are
+joined by min-plus products, so the port's choice is only carried through the first piece.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.solve.eliminate import Sweep, eliminate
+from planner.solve.frontier import BlockShape, FrontierPoint, plan_sweep
+
+__all__ = ["Price", "BlockDP", "BlockTable"]
+
+PORT = -1  # node id of the block's port in the sweeps
+
+
+@dataclass(frozen=True)
+class Price:
+    """Weights of one scalarisation: a per second, b per additive byte, c per byte a checkpointed block
+    recomputes (its candidate for the max term); choices with a transient above `cap` are forbidden."""
+
+    a: float
+    b: float
+    c: float = 0.0
+    cap: float = np.inf
+
+
+@dataclass
+class BlockTable:
+    """The cheapest block per boundary under one price: `cost[p, q]`, `ckpt[p, q]` (whether that
+    cheapest way is checkpointed), and `choice(p, q)` -> (N, n) node choices by block position."""
+
+    cost: np.ndarray
+    ckpt: np.ndarray
+    parts: tuple[list, list]  # per checkpoint flag: (sweeps, joins) to read choices back
+
+    def choice(self, p: np.ndarray, q: np.ndarray, ckpt: np.ndarray, n: int) -> np.ndarray:
+        out = np.zeros((len(p), n), dtype=np.int64)
+        for flag in (False, True):
+            sel = np.flatnonzero(ckpt == flag)
+            if len(sel):
+                out[sel] = _read_back(*self.parts[flag], p[sel], q[sel], n)
+        return out
+
+
+def _read_back(pieces: list[tuple[int, int, Sweep]], joins: list[np.ndarray], p: np.ndarray, q: np.ndarray,
+               n: int) -> np.ndarray:
+    """Node choices of the cheapest block for boundaries (p, q), from the pieces' sweeps and the argmins
+    of the min-plus joins between them."""
+    ends = [q]
+    for arg in reversed(joins):  # joins[k][p, x]: the cut choice before piece k+1 on the way to x
+        ends.append(arg[p, ends[-1]])
+    ends = ends[::-1]  # ends[k]: the choice of piece k's last node
+    out = np.zeros((len(p), n), dtype=np.int64)
+    for k, (carried, last, sweep) in enumerate(pieces):
+        given = {carried: p if k == 0 else ends[k - 1]}
+        if last is not None:
+            given[last] = ends[k]
+        for node, idx in sweep.argmin(given).items():
+            if node >= 0:
+                out[:, node] = idx
+    return out
+
+
+class BlockDP:
+    """Per block class: the sweep order, its cut points, and `table(price)`."""
+
+    def __init__(self, shape: BlockShape) -> None:
+        self.shape = shape
+        plan = plan_sweep(shape)
+        self.order = plan.order
+        self.n = len(shape.sizes)
+        self.out = shape.out_pos
+        self.sizes = {v: s for v, s in enumerate(shape.sizes)} | {PORT: shape.port_size}
+        self.internal = shape.internal
+        self.port = {v: plan.port[v] for v in range(self.n) if plan.port[v][0].any() or plan.port[v][1].any()}
+        self.pieces = self._cut(plan.live)
+
+    def _cut(self, live: list[list[int]]) -> list[tuple[int, list[int], int | None]]:
+        """(carried node, nodes swept, last node kept) per piece: cut after a step when one node other than
+        the output carries everything later steps need and the port is not used any more."""
+        last_port = max((self.order.index(v) for v in self.port), default=-1)
+        pieces, carried, start = [], PORT, 0
+        for i in range(len(self.order) - 1):
+            if i >= last_port and len(live[i]) == 1 and live[i][0] != self.out and live[i][0] != carried:
+                u = live[i][0]
+                pieces.append((carried, self.order[start:i + 1], u))
+                carried, start = u, i + 1
+        pieces.append((carried, self.order[start:], self.out))
+        return pieces
+
+    def _sweep_inputs(self, price: Price, ckpt: bool) -> tuple[dict, dict]:
+        sh, a = self.shape, price.a
+        unary = {}
+        for v in range(self.n):
+            time = sh.time[v] + (sh.recompute[v] if ckpt else 0.0)
+            mem = sh.state[v] + (0 if ckpt else sh.saved[v])
+            w = a * time + price.b * mem.astype(float) + (price.c * sh.saved[v] if ckpt else 0.0)
+            unary[v] = np.where(sh.transient[v] <= price.cap, w, np.inf)
+        incoming: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in range(self.n)}
+        for s, d, cost, rec in self.internal:
+            incoming[d].append((s, a * (cost + rec) if ckpt else a * cost))
+        for v, (cost, rec) in self.port.items():
+            incoming[v].append((PORT, a * (cost + rec) if ckpt else a * cost))
+        return unary, incoming
+
+    def _one(self, price: Price, ckpt: bool) -> tuple[np.ndarray, list, list]:
+        unary, incoming = self._sweep_inputs(price, ckpt)
+        pieces, joins, total = [], [], None
+        for carried, nodes, last in self.pieces:
+            keep = [carried] + ([last] if last is not None else [])
+            sweep = eliminate(nodes, self.sizes, unary, incoming, keep=keep, start=[carried])
+            table = sweep.value if last is not None else sweep.value[:, None]
+            pieces.append((carried, last, sweep))
+            if total is None:
+                total = table
+            else:  # min-plus join through the cut node's choice
+                both = total[:, :, None] + table[None, :, :]
+                arg = np.argmin(both, axis=1)
+                joins.append(arg)
+                total = np.take_along_axis(both, arg[:, None, :], axis=1)[:, 0, :]
+        if ckpt:
+            total = total + price.b * self.shape.input_bytes.astype(float)[:, None]
+        return total, pieces, joins
+
+    def table(self, price: Price, checkpointing: bool) -> BlockTable:
+        plain, pieces0, joins0 = self._one(price, False)
+        if not checkpointing:
+            return BlockTable(plain, np.zeros(plain.shape, dtype=bool), ((pieces0, joins0), ([], [])))
+        kept, pieces1, joins1 = self._one(price, True)
+        return BlockTable(np.minimum(plain, kept), kept < plain, ((pieces0, joins0), (pieces1, joins1)))
+
+    def points(self, table: BlockTable, pairs: np.ndarray | None = None, both: bool = False) -> list[FrontierPoint]:
+        """Frontier points (exact bytes and time) of the cheapest block of each finite (p, q) of `pairs`
+        (all when None); with `both`, the cheapest plain and the cheapest checkpointed block each."""
+        if pairs is None:
+            pairs = np.argwhere(np.isfinite(table.cost))
+        if len(pairs) == 0:
+            return []
+        p, q = pairs[:, 0], pairs[:, 1]
+        flags = [table.ckpt[p, q]] if not both else [np.zeros(len(p), bool)] + (
+            [np.ones(len(p), bool)] if table.parts[1][0] else [])
+        out = []
+        for ck in flags:
+            choice = table.choice(p, q, ck, self.n)
+            add, top, time = self.measure(choice, p, ck)
+            ok = np.isfinite(time)
+            out += [FrontierPoint(int(pp), int(qq), bool(c), int(a_), int(t_), float(s_), tuple(int(x) for x in ch))
+                    for pp, qq, c, a_, t_, s_, ch, good in zip(p, q, ck, add, top, time, choice, ok) if good]
+        return out
+
+    def measure(self, choice: np.ndarray, p: np.ndarray, ckpt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Exact (additive bytes, max-term bytes, time) of blocks with these node choices."""
+        sh = self.shape
+        time = np.zeros(len(p))
+        rec = np.zeros(len(p))
+        state = np.zeros(len(p), dtype=np.int64)
+        saved = np.zeros(len(p), dtype=np.int64)
+        trans = np.zeros(len(p), dtype=np.int64)
+        for v in range(self.n):
+            c = choice[:, v]
+            time += sh.time[v][c]
+            rec += sh.recompute[v][c]
+            state += sh.state[v][c]
+            saved += sh.saved[v][c]
+            trans = np.maximum(trans, sh.transient[v][c])
+        for s, d, cost, r in self.internal:
+            time += cost[choice[:, s], choice[:, d]]
+            rec += r[choice[:, s], choice[:, d]]
+        for v, (cost, r) in self.port.items():
+            time += cost[p, choice[:, v]]
+            rec += r[p, choice[:, v]]
+        add = np.where(ckpt, state + sh.input_bytes[p], state + saved)
+        top = np.where(ckpt, np.maximum(trans, saved), trans)
+        return add, top, np.where(ckpt, time + rec, time)

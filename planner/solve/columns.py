@@ -1,0 +1,235 @@
+"""Fast solve for many identical blocks: price memory, sweep exactly, then mix the blocks with an ILP.
+
+Relaxing the budget row with a price mu per byte (Lagrange) leaves an unconstrained sum that exact
+dynamic programming minimises in milliseconds: per block class a table of the cheapest block for every
+boundary (`planner.solve.block_dp`), per segment of m chained blocks its min-plus m-th power, and one
+variable-elimination sweep over the nodes outside blocks (`planner.solve.eliminate`). Each price gives
+
+* an assignment (re-evaluated exactly: feasible when its peak fits), and
+* a lower bound: for every assignment x that fits, time(x) >= min_y [time(y) + mu·additive(y)] +
+  mu·(floor - budget), with floor the least max term any assignment has.
+
+A search over mu finds the cheapest price whose assignment fits. The blocks priced along the way are the
+columns of the two-level outer ILP (`planner.solve.two_level`, with counts of identical blocks per
+column), which mixes them exactly under the budget, max term included: a few layers checkpointed, a few
+on another scheme. The answer is never worse than the best priced assignment that fits, and its gap to
+the best lower bound is reported (status "optimal" only when the gap closes).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.solve.block_dp import BlockDP, BlockTable, Price
+from planner.solve.decompose import Decomposition
+from planner.solve.driver import infeasible_or_fallback
+from planner.solve.eliminate import eliminate
+from planner.solve.evaluate import evaluate_indexed
+from planner.solve.frontier import FrontierPoint, topological_order
+from planner.solve.indexed import IndexedProblem
+from planner.solve.milp import resolve_solver
+from planner.solve.min_budget import LeastMemory
+from planner.solve.problem import Solution
+from planner.solve.two_level import TwoLevel
+
+__all__ = ["PricedSolve", "GAP_TOLERANCE"]
+
+log = logging.getLogger(__name__)
+
+GAP_TOLERANCE = 1e-4  # relative gap at which the answer counts as optimal
+_SEARCH_STEPS = 10  # most bisection steps on log(mu) ...
+_SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are this close
+
+
+@dataclass
+class _Priced:
+    """One price's exact minimiser: assignment, its exact time and peak, and the bound it proves."""
+
+    price: Price
+    choice: list[int]
+    ckpt: list[int]
+    boundary: list[tuple[int, int, int, bool]]  # per block: (class, p, q, checkpointed)
+    time_s: float
+    peak: int
+    bound: float
+
+
+class PricedSolve:
+    """The priced search and the column ILP for one decomposable problem (see the module docstring)."""
+
+    def __init__(self, ip: IndexedProblem, dec: Decomposition) -> None:
+        self.ip, self.dec = ip, dec
+        self.dps = [BlockDP(c.shape) for c in dec.classes]
+        self.floor = max((float(t.min()) for t in ip.transient), default=0.0)
+        self.priced: list[_Priced] = []
+        self.tables: list[tuple[Price, list[BlockTable]]] = []
+        self.stats: dict[str, float] = {}
+
+    # --- one price ------------------------------------------------------------------------------
+    def evaluate(self, price: Price) -> _Priced:
+        """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`."""
+        ip, dec = self.ip, self.dec
+        tables = [dp.table(price, ip.checkpointing) for dp in self.dps]
+        self.tables.append((price, tables))
+        sizes: dict[int, int] = {}
+        unary: dict[int, np.ndarray] = {}
+        incoming: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for v in dec.outer_nodes:
+            w = price.a * ip.time[v] + price.b * (ip.state[v] + ip.saved[v]).astype(float)
+            sizes[v], unary[v], incoming[v] = ip.sizes[v], np.where(ip.transient[v] <= price.cap, w, np.inf), []
+        powers = []
+        for k, seg in enumerate(dec.segments):
+            cost = tables[seg.cls].cost
+            steps = [(cost, None)]
+            for _ in range(len(seg.blocks) - 1):  # min-plus powers, with the argmin of each join
+                both = steps[-1][0][:, :, None] + cost[None, :, :]
+                arg = np.argmin(both, axis=1)
+                steps.append((np.take_along_axis(both, arg[:, None, :], axis=1)[:, 0, :], arg))
+            powers.append(steps)
+            node = _seg_node(k, seg.out)
+            sizes[node] = cost.shape[1]
+            if seg.port is None:
+                unary[node], incoming[node] = steps[-1][0][0], []
+            else:
+                unary[node], incoming[node] = np.zeros(cost.shape[1]), [(seg.port, steps[-1][0])]
+        for e in ip.edges:
+            if ip.block_of[e.dst] < 0:
+                incoming[e.dst].append((e.src, price.a * e.cost))
+        ids = list(sizes)
+        pos = {v: i for i, v in enumerate(ids)}
+        order = topological_order(len(ids), [(pos[u], pos[v]) for v in ids for u, _ in incoming[v]])
+        if order is None:
+            raise RuntimeError("outer nodes form a cycle (internal error)")
+        sweep = eliminate([ids[i] for i in order], sizes, unary, incoming)
+        picked = {v: int(x) for v, x in sweep.argmin({}).items()}
+        choice = [0] * ip.n
+        for v in dec.outer_nodes:
+            choice[v] = picked[v]
+        ckpt, boundary = [], []
+        for k, seg in enumerate(dec.segments):
+            start = 0 if seg.port is None else picked[seg.port]
+            walk = [picked[_seg_node(k, seg.out)]]
+            for _, arg in reversed(powers[k][1:]):
+                walk.append(int(arg[start, walk[-1]]))
+            walk.append(start)
+            walk = walk[::-1]  # walk[i] -> walk[i + 1] is block i's boundary
+            table, dp = tables[seg.cls], self.dps[seg.cls]
+            ps, qs = np.array(walk[:-1]), np.array(walk[1:])
+            flags = table.ckpt[ps, qs]
+            rows = table.choice(ps, qs, flags, dp.n)
+            for blk, row, p, q, flag in zip(seg.blocks, rows, ps, qs, flags):
+                for v, c in zip(ip.block_nodes[blk], row):
+                    choice[v] = int(c)
+                if flag:
+                    ckpt.append(blk)
+                boundary.append((seg.cls, int(p), int(q), bool(flag)))
+        time_s, peak, _ = evaluate_indexed(ip, choice, ckpt)
+        value = float(sweep.value)
+        valid = price.a == 1.0 and price.c == 0.0 and price.cap == np.inf  # see the module docstring
+        bound = value + price.b * (self.floor - ip.budget) if valid else -np.inf
+        out = _Priced(price, choice, sorted(ckpt), boundary, time_s, peak, bound)
+        self.priced.append(out)
+        return out
+
+    # --- the search -------------------------------------------------------------------------------
+    def solve(self, solver: str, time_limit: float) -> Solution:
+        start = time.perf_counter()
+        deadline = start + time_limit
+        ip = self.ip
+        scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)
+        fastest = self.evaluate(Price(1.0, scale * 1e-9))
+        if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
+            return self._answer(fastest, start, "optimal", 0.0, "")
+        lo, hi = 0.0, None
+        mu = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
+        while hi is None and mu < scale * 1e8 and time.perf_counter() < deadline:
+            r = self.evaluate(Price(1.0, mu))
+            if r.peak <= ip.budget:
+                hi = mu
+            else:
+                lo, mu = mu, mu * 10
+        if hi is None:  # nothing priced fits: the least-memory assignment decides feasibility
+            self.evaluate(Price(0.0, 1.0, 1.0))
+        else:
+            for _ in range(_SEARCH_STEPS):
+                if time.perf_counter() > deadline or (lo > 0 and hi / lo < _SEARCH_RATIO):
+                    break
+                mid = np.sqrt(lo * hi) if lo > 0 else hi / 10
+                r = self.evaluate(Price(1.0, mid))
+                if r.peak <= ip.budget:
+                    hi = mid
+                else:
+                    lo = mid
+            self.evaluate(Price(1.0, hi, hi))  # blocks that also keep their recompute peak low
+        return self._finish(start, deadline, solver)
+
+    def _finish(self, start: float, deadline: float, solver: str) -> Solution:
+        ip = self.ip
+        fits = [r for r in self.priced if r.peak <= ip.budget]
+        best = min(fits, key=lambda r: r.time_s, default=None)
+        bound = max((r.bound for r in self.priced), default=-np.inf)
+        outer = TwoLevel(ip)
+        outer.points = self._columns()
+        self.stats["columns"] = float(sum(len(p) for p in outer.points))
+        rnd = outer.outer("time", solver, deadline, best.time_s if best else np.inf, rel_gap=GAP_TOLERANCE)
+        if rnd.res.x is not None and (best is None or rnd.value < best.time_s):
+            gap = max(0.0, (rnd.value - bound) / rnd.value) if rnd.value > 0 else 0.0
+            return self._solution(rnd.choice, rnd.ckpt, rnd.value, start, gap, solver, rnd.res.status)
+        if best is not None:
+            gap = max(0.0, (best.time_s - bound) / best.time_s) if best.time_s > 0 else 0.0
+            return self._solution(best.choice, best.ckpt, best.time_s, start, gap, solver, rnd.res.status)
+        least = outer.outer("memory", solver, max(deadline, time.perf_counter() + 10.0))
+        found = LeastMemory(int(least.value), least.choice, least.ckpt, False,
+                            "smallest feasible budget found by the priced search (an upper bound; not proven "
+                            "minimal)") if least.res.x is not None else LeastMemory(
+                                None, [], [], False, f"least-memory solve failed: {least.res.message}")
+        base = dict(seconds=time.perf_counter() - start, solver=resolve_solver(solver), method="priced")
+        return infeasible_or_fallback(ip, found, base)
+
+    def _columns(self) -> list[list[FrontierPoint]]:
+        """Per class: the blocks every price found cheapest, restricted to the boundary choices that some
+        priced assignment used (where the answer's blocks will join), both plain and checkpointed."""
+        used: list[set[int]] = [set() for _ in self.dps]
+        for r in self.priced:
+            for cls, p, q, _ in r.boundary:
+                used[cls] |= {p, q}
+        out: list[list[FrontierPoint]] = []
+        for cls, dp in enumerate(self.dps):
+            seen: dict[tuple, FrontierPoint] = {}
+            keep = np.array(sorted(used[cls]), dtype=np.int64)
+            for _, tables in self.tables:
+                cost = tables[cls].cost
+                ps = keep[keep < cost.shape[0]]
+                qs = keep[keep < cost.shape[1]]
+                pairs = np.array([(p, q) for p in ps for q in qs], dtype=np.int64).reshape(-1, 2)
+                for pt in dp.points(tables[cls], pairs, both=True):
+                    seen.setdefault((pt.p, pt.q, pt.ckpt, pt.choice), pt)
+            out.append(list(seen.values()))
+        return out
+
+    def _answer(self, r: _Priced, start: float, status: str, gap: float, message: str) -> Solution:
+        return Solution(status=status, choice=dict(zip(self.ip.names, r.choice)),
+                        checkpointed=[self.ip.block_names[b] for b in r.ckpt], objective=r.time_s, gap=gap,
+                        seconds=time.perf_counter() - start, solver="dp", peak_bytes=r.peak, method="priced",
+                        message=message)
+
+    def _solution(self, choice: list[int], ckpt: list[int], value: float, start: float, gap: float,
+                  solver: str, ilp_status: str) -> Solution:
+        ip = self.ip
+        status = "optimal" if gap <= GAP_TOLERANCE else "feasible"
+        message = "" if status == "optimal" else f"within {100 * gap:.2f}% of the lower bound"
+        if ilp_status not in ("optimal", "infeasible"):
+            message += "; the column ILP stopped at the time limit"
+        return Solution(status=status, choice=dict(zip(ip.names, choice)),
+                        checkpointed=[ip.block_names[b] for b in ckpt], objective=value, gap=gap,
+                        seconds=time.perf_counter() - start, solver=resolve_solver(solver),
+                        peak_bytes=evaluate_indexed(ip, choice, ckpt)[1], method="priced", message=message)
+
+
+def _seg_node(k: int, out: int | None) -> int:
+    """The outer sweep's node for segment k: its output node, or a fresh id when nothing leaves it."""
+    return out if out is not None else -(k + 2)
