@@ -47,6 +47,11 @@ class Layout:
             raise LayoutError(f"a mesh axis appears twice in layout {self}")
         if self.interleave < 1:
             raise LayoutError(f"interleave must be >= 1, got {self.interleave}")
+        # layouts are dictionary keys all over the planner: hash once
+        object.__setattr__(self, "_hash", hash((dims, self.partial, self.interleave)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
 
     # --- constructors --------------------------------------------------------------------------
     @classmethod

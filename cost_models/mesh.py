@@ -70,7 +70,14 @@ class Mesh:
 
     def size(self, axes: tuple[str, ...] | list[str]) -> int:
         """Number of ranks in one group over `axes` (1 for no axes)."""
-        return math.prod(self.axis_size(a) for a in axes)
+        sizes = self.__dict__.get("_sizes")
+        if sizes is None:
+            sizes = dict(zip(self.axis_names, self.shape))
+            object.__setattr__(self, "_sizes", sizes)
+        try:
+            return math.prod(sizes[a] for a in axes)
+        except KeyError:
+            return math.prod(self.axis_size(a) for a in axes)  # raises MeshError naming the axis
 
     def stride(self, axis: str) -> int:
         return math.prod(self.shape[self.axis_index(axis) + 1 :])

@@ -26,7 +26,7 @@ from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
-from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_cost
+from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_costs
 from cost_models.strategy import HEAVY_SCHEMES, OpCost, Strategy
 from planner.graph import ModelGraph
 from planner.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode
@@ -99,6 +99,13 @@ def _out_layout(strategy: Strategy, producer: OpNode, consumer: OpNode) -> Layou
     if len(strategy.outputs) > 1 and consumer.kind == "getitem":
         return strategy.outputs[int(consumer.attrs["index"])]
     return strategy.outputs[0]
+
+
+def _distinct(items: list) -> tuple[list, np.ndarray]:
+    """The distinct items in first-seen order and each item's index among them."""
+    index: dict = {}
+    idx = np.array([index.setdefault(x, len(index)) for x in items], dtype=np.int64)
+    return list(index), idx
 
 
 def _restrict(op: OpNode, strategies: list[Strategy], reasons: list[str], allowed: frozenset[str] | None):
@@ -178,7 +185,7 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
             unsupported.append(op.name)
         strategies[op.name] = found
         not_offered[op.name] = reasons
-        costs[op.name] = [op_cost(op, s, mesh, hw, device=device, bytes_per_param=bytes_per_param) for s in found]
+        costs[op.name] = op_costs(op, found, mesh, hw, device=device, bytes_per_param=bytes_per_param)
 
         joined = _join_producer(op, found, nodes, strategies, decisions, decision_of)
         if not joined:
@@ -217,20 +224,23 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
             ku = du.ops.index(src)
             prod = nodes[src]
             meta = op.input_meta[arg]
-            nu, nv = len(du.members[0]), len(dv.members[0])
-            cost = np.zeros((nu, nv))
-            rec = np.zeros((nu, nv))
-            for i in range(nu):
-                lu = _out_layout(strategies[src][du.members[ku][i]], prod, op)
-                for j in range(nv):
-                    lv = strategies[op.name][dv.members[kv][j]].inputs[arg]
+            # price each distinct (producer layout, consumer layout) pair once, then index
+            lus = [_out_layout(strategies[src][k], prod, op) for k in du.members[ku]]
+            lvs = [strategies[op.name][k].inputs[arg] for k in dv.members[kv]]
+            ulu, iu = _distinct(lus)
+            ulv, iv = _distinct(lvs)
+            small = np.zeros((2, len(ulu), len(ulv)))
+            for a, lu in enumerate(ulu):
+                for b, lv in enumerate(ulv):
                     if lv is None or lu == lv:
                         continue
                     key = (meta.shape, meta.dtype, lu, lv, flows[src])
                     if key not in memo:
                         ec = edge_cost(meta, lu, lv, mesh, hw, grad=flows[src])
                         memo[key] = (ec.seconds, ec.fwd_seconds)
-                    cost[i, j], rec[i, j] = memo[key]
+                    small[:, a, b] = memo[key]
+            cost = small[0][np.ix_(iu, iv)]
+            rec = small[1][np.ix_(iu, iv)]
             if not cost.any() and not rec.any():
                 continue
             pair = (du.name, dv.name)

@@ -31,7 +31,7 @@ from cost_models.ops import OpNode, ParamInfo
 from cost_models.strategies.base import Candidates, Rule, Usage
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 
-__all__ = ["register", "registered_kinds", "enumerate_strategies", "op_cost", "op_signature", "StrategyError",
+__all__ = ["register", "registered_kinds", "enumerate_strategies", "op_cost", "op_costs", "op_signature", "StrategyError",
            "mark_graph_hints", "clear_caches"]
 
 
@@ -211,16 +211,27 @@ def op_cost(op: OpNode, strategy: Strategy, mesh: Mesh, hw: HardwareProfile, *, 
     """What `strategy` of `op` costs one rank per training step on `mesh` with hardware `hw`; `device`
     ("cuda" or "cpu") picks the memory semantics (dropout masks), `bytes_per_param` an integer or a
     BYTES_PER_PARAM preset name."""
+    return op_costs(op, [strategy], mesh, hw, device=device, bytes_per_param=bytes_per_param)[0]
+
+
+def op_costs(op: OpNode, strategies: list[Strategy], mesh: Mesh, hw: HardwareProfile, *, device: str = "cuda",
+             bytes_per_param: int | str = 16) -> list[OpCost]:
+    """`op_cost` of each of `strategies` (the op's signature is computed once: the planner prices every
+    strategy of every op, and the signature is most of a memoised lookup's cost)."""
     _check_device(device)
     bpp = resolve_bytes_per_param(bytes_per_param)
-    priced = _priced(_canon(op), strategy, mesh, hw, device, bpp)
-    saved = tuple(SavedTensor(_relabel(s.key, op), s.bytes) for s in priced.saved)
-    return OpCost(
-        param_elems=priced.param_elems, state_bytes=priced.state_bytes, saved=saved,
-        transient_bytes=priced.transient_bytes, flops=priced.flops, fwd_flops=priced.fwd_flops,
-        compute_s=priced.compute_s, fwd_compute_s=priced.fwd_compute_s, collectives=priced.collectives,
-        comm_s=priced.comm_s, fwd_comm_s=priced.fwd_comm_s, notes=priced.notes,
-    )
+    canon = _canon(op)
+    out = []
+    for strategy in strategies:
+        priced = _priced(canon, strategy, mesh, hw, device, bpp)
+        saved = tuple(SavedTensor(_relabel(s.key, op), s.bytes) for s in priced.saved)
+        out.append(OpCost(
+            param_elems=priced.param_elems, state_bytes=priced.state_bytes, saved=saved,
+            transient_bytes=priced.transient_bytes, flops=priced.flops, fwd_flops=priced.fwd_flops,
+            compute_s=priced.compute_s, fwd_compute_s=priced.fwd_compute_s, collectives=priced.collectives,
+            comm_s=priced.comm_s, fwd_comm_s=priced.fwd_comm_s, notes=priced.notes,
+        ))
+    return out
 
 
 def clear_caches() -> None:
