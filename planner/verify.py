@@ -11,7 +11,8 @@ one forward and backward of both on the same inputs and then `--steps` AdamW ste
 * activations: the bytes autograd saves in the parallel forward (unique storages, per rank) against the
   plan's `activation_bytes`, within `--act-tol`;
 * peak memory: the most bytes live tensor storages hold during one more AdamW training step of the
-  parallel model (`planner.measure_memory`), per rank, against the plan's `peak_memory_bytes`, within 10%.
+  parallel model (`planner.measure_memory`), per rank, against the plan's `peak_memory_bytes`: fails when
+  a rank needs more than 10% above it.
 
 Rank 0 prints the report. The exit status is 0 when everything holds, 1 otherwise; a rank that raises or
 dies makes every rank exit with 1 within seconds, printing the failing rank's message (`RankGuard`).
