@@ -13,7 +13,7 @@ import csv
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.cli_plan import PLANNING_ARGS, load_example, planning_options
 from planner.cli_registry import CliError, arg, command, out_console, progress
@@ -21,8 +21,11 @@ from planner.plan_format import Plan
 from planner.report import scheme_counts
 from planner.units import format_bytes, format_seconds
 
-__all__ = ["BASELINE_SCHEMES", "Curve", "Span", "budget_sweep", "probe_span", "trace_curve", "write_csv", "plot_frontier",
-           "frontier"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["BASELINE_SCHEMES", "Curve", "Span", "budget_sweep", "probe_span", "trace_curve", "write_csv",
+           "frontier_figure", "plot_frontier", "frontier"]
 
 BASELINE_SCHEMES = ("replicate", "fsdp", "1d", "2d", "3d", "3d_allreduce")
 UNLIMITED_BYTES = 2**60  # a budget no model reaches: the plan it gives is the fastest one
@@ -125,34 +128,46 @@ def write_csv(path: str, curves: list[Curve]) -> None:
                                 _schemes_cell(p), len(p.checkpoint), ""])
 
 
-def plot_frontier(path: str, title: str, planner_curve: Curve, baselines: list[Curve]) -> None:
-    """Step time against budget (log scale): the planner bold, each baseline in its scheme's colour, solid
-    with checkpointing allowed and dashed without. Every line runs on to the right edge: above its last
-    budget the plan no longer changes."""
+def _time_unit(largest_s: float) -> tuple[str, float]:
+    """The unit (name, seconds) that shows `largest_s` seconds as a number of at least 1 where possible."""
+    for name, size in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if largest_s >= size:
+            return name, size
+    return "ns", 1e-9
+
+
+def frontier_figure(title: str, planner_curve: Curve, baselines: list[Curve]) -> Figure:
+    """Step time against budget (log scale): the planner bold black, each baseline in its scheme's colour
+    (`planner.plots.SCHEME_COLORS`), solid with checkpointing allowed and dashed without. Markers are the
+    planned budgets; every line runs on to the right edge, since above its last budget the plan no longer
+    changes. Between two markers a line is the plan at the lower budget: an upper bound on the best time."""
     from matplotlib.figure import Figure  # Agg canvas: no pyplot state, no display needed
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    from planner.plots import SCHEME_COLORS, byte_unit
+
+    colors = {**SCHEME_COLORS, "1d": SCHEME_COLORS["1d_col"]}
     curves = [c for c in [*baselines, planner_curve] if c.feasible]
     right = max((c.feasible[-1][0] for c in curves), default=1) * 1.05
     left = min((c.feasible[0][0] for c in curves), default=1)
-    unit, scale = ("GiB", 2**30) if right >= 2**30 else ("MiB", 2**20)
-    colors = dict(zip(BASELINE_SCHEMES, ("tab:gray", "tab:brown", "tab:blue", "tab:green", "tab:red", "tab:purple")))
+    unit, scale = byte_unit(right)
+    t_unit, t_scale = _time_unit(max((p.predicted.step_time_s for c in curves for _, p in c.feasible), default=1.0))
     fig = Figure(figsize=(9, 5.5), layout="constrained")
     ax = fig.add_subplot()
     for c in curves:
         xs = [b / scale for b, _ in c.feasible] + [right / scale]
-        ys = [p.predicted.step_time_s for _, p in c.feasible]
+        ys = [p.predicted.step_time_s / t_scale for _, p in c.feasible]
         ys.append(ys[-1])
         if c is planner_curve:
             ax.plot(xs[:-1], ys[:-1], linestyle="none", color="black", marker="s", markersize=5, zorder=6)
             ax.plot(xs, ys, drawstyle="steps-post", color="black", linewidth=2.6, label=c.label, zorder=5)
             continue
         no_ckpt = "no ckpt" in c.label
-        ax.plot(xs[:-1], ys[:-1], linestyle="none", color=colors.get(c.label.split()[0], "tab:olive"),
-                marker="o" if no_ckpt else "^", markersize=3.5)
-        ax.plot(xs, ys, drawstyle="steps-post", color=colors.get(c.label.split()[0], "tab:olive"),
-                linestyle="--" if no_ckpt else "-", marker="o" if no_ckpt else "^", markevery=[0], markersize=3.5,
-                linewidth=1.2, alpha=0.85, label=c.label)
+        color = colors.get(c.label.split()[0], "tab:olive")
+        ax.plot(xs[:-1], ys[:-1], linestyle="none", color=color, marker="o" if no_ckpt else "^", markersize=3.5)
+        ax.plot(xs, ys, drawstyle="steps-post", color=color, linestyle="--" if no_ckpt else "-",
+                marker="o" if no_ckpt else "^", markevery=[0], markersize=3.5, linewidth=1.2, alpha=0.85,
+                label=c.label)
     ax.set_xscale("log")
     decades = math.log10(right / left) if curves else 1
     subs = (1.0,) if decades > 2.5 else (1.0, 2.0, 5.0) if decades > 1 else (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0)
@@ -160,12 +175,18 @@ def plot_frontier(path: str, title: str, planner_curve: Curve, baselines: list[C
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlim(left / scale / 1.05, right / scale)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel(f"memory budget per GPU ({unit}, log scale)")
-    ax.set_ylabel("predicted step time (s)")
+    ax.set_ylabel(f"predicted step time ({t_unit})")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", title="scheme (checkpointing)")
-    fig.savefig(path, dpi=120)
+    return fig
+
+
+def plot_frontier(path: str, title: str, planner_curve: Curve, baselines: list[Curve]) -> None:
+    """Write `frontier_figure` to `path` (PNG at 120 dpi)."""
+    frontier_figure(title, planner_curve, baselines).savefig(path, dpi=120)
 
 
 def _baseline_names(text: str) -> list[str]:
