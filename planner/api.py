@@ -107,6 +107,56 @@ def _solve_within(problem, *, solver: str, time_limit: float, progress: bool) ->
         recv.close()
 
 
+_FIT_ROUNDS = 4
+
+
+def _fit(built: BuiltProblem, assemble, budget: int, *, solver: str, time_limit: float, progress: bool
+         ) -> tuple[tuple[Solution, Plan] | None, int | None]:
+    """Solve one mesh's problem and keep the answer only if the assembled plan fits `budget`.
+
+    The plan's accounting (`assemble_plan`) is the reference: it adds working sets the per-choice problem
+    cannot see (a layout conversion's staging buffers, which depend on both ends' choices, and the
+    recomputed activations alive beside an op in a checkpointed block's backward). When it exceeds the
+    budget, the solver's budget is tightened by the excess and the problem solved again. Returns
+    ((solution, plan) or None, the least peak found when nothing fits (a budget that does fit))."""
+    problem = built.problem
+    cap = budget
+    least: int | None = None
+    seconds = 0.0
+    try:
+        for _ in range(_FIT_ROUNDS):
+            problem.budget_bytes = cap
+            sol = _solve_within(problem, solver=solver, time_limit=time_limit, progress=progress)
+            seconds += sol.seconds
+            sol.seconds = seconds
+            if sol.status in ("optimal", "feasible"):
+                p = assemble(built, sol)
+                if p.predicted.peak_memory_bytes <= budget:
+                    return (sol, p), None
+                cap -= max(p.predicted.peak_memory_bytes - budget, 1)
+                if cap <= 0:
+                    break
+                continue
+            break
+        if sol.status in ("optimal", "feasible") or (sol.status == "infeasible" and cap != budget):
+            # the least-memory search of a tightened budget may differ from an untightened one's: ask
+            # the budget-independent question, so the budget reported here is one that re-planning meets
+            problem.budget_bytes = 0
+            sol = _solve_within(problem, solver=solver, time_limit=time_limit, progress=progress)
+        if sol.status == "infeasible" and sol.choice:
+            # the least-memory assignment: its exact peak is a budget that fits
+            sol.status, sol.message = "feasible", "the least-memory assignment (tighter budgets found none)"
+            p = assemble(built, sol)
+            if p.predicted.peak_memory_bytes <= budget:
+                return (sol, p), None
+            least = p.predicted.peak_memory_bytes
+        elif sol.status == "infeasible" and sol.min_feasible_budget is not None:
+            least = sol.min_feasible_budget
+    finally:
+        problem.budget_bytes = budget
+    return None, least
+
+
 def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | None = None,
          example_inputs: Sequence[Any] | None = None, input_shapes: Sequence[Any] | None = None,
          hardware: str | HardwareProfile = "a100-80gb", schemes: Sequence[str] | str | None = None,
@@ -144,8 +194,14 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
             raise MeshError(f"mesh {m} has {m.world_size} ranks but world_size is {n}")
 
     unavailable: list[str] = []
-    best: tuple[BuiltProblem, Solution] | None = None
+    best: tuple[BuiltProblem, Solution, Plan] | None = None
     min_budget: int | None = None
+
+    def assemble(built: BuiltProblem, sol: Solution) -> Plan:
+        return assemble_plan(graph, built, sol, hw, budget_bytes=budget_bytes, device=kind, bytes_per_param=bpp,
+                             checkpointing=checkpointing, schemes=sorted(allowed) if allowed else None,
+                             seconds={"capture": t_capture, "total": time.perf_counter() - t0})
+
     for m in mesh_list:
         try:
             built = build_problem(graph, m, hw, budget_bytes, device=kind, bytes_per_param=bpp, schemes=allowed,
@@ -153,12 +209,13 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
         except SchemeUnavailable as e:
             unavailable.append(f"mesh {m}: {e}")
             continue
-        sol = _solve_within(built.problem, solver=solver, time_limit=time_limit, progress=progress)
-        if sol.status in ("optimal", "feasible"):
+        found, least = _fit(built, assemble, budget_bytes, solver=solver, time_limit=time_limit, progress=progress)
+        if found is not None:
+            sol, p = found
             if best is None or sol.objective < best[1].objective - 1e-15:
-                best = (built, sol)
-        elif sol.status == "infeasible" and sol.min_feasible_budget is not None:
-            min_budget = sol.min_feasible_budget if min_budget is None else min(min_budget, sol.min_feasible_budget)
+                best = (built, sol, p)
+        elif least is not None:
+            min_budget = least if min_budget is None else min(min_budget, least)
     if best is None and len(unavailable) == len(mesh_list):
         raise SchemeError(f"schemes {sorted(allowed or [])} cannot run {graph.name} on {n} ranks: "
                           + "; ".join(unavailable) + ". Allow more schemes or pick another world size")
@@ -169,7 +226,4 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
             if min_budget is not None else ""
         raise InfeasibleError(f"no plan for {graph.name} on {n} ranks fits {format_bytes(budget_bytes)} per rank"
                               + hint, min_budget)
-    built, sol = best
-    return assemble_plan(graph, built, sol, hw, budget_bytes=budget_bytes, device=kind, bytes_per_param=bpp,
-                         checkpointing=checkpointing, schemes=sorted(allowed) if allowed else None,
-                         seconds={"capture": t_capture, "total": time.perf_counter() - t0})
+    return best[2]
