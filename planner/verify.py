@@ -209,7 +209,7 @@ def verify_command(args: argparse.Namespace) -> int:
     if args.steps < 0 or args.tol <= 0 or args.act_tol < 0:
         raise ValueError("--steps must be >= 0, --tol > 0 and --act-tol >= 0")
     ctx = init_distributed(timeout_s=args.timeout)
-    with RankGuard(ctx.store, ctx.rank, ctx.world_size):
+    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size):
         status = run_verify(args.model, args.plan_file, steps=args.steps, tol=args.tol, seed=args.seed,
                             act_tol=args.act_tol, lr=args.lr, adam_eps=args.adam_eps)
     _shutdown()

@@ -6,6 +6,11 @@ rendezvous store, and a watchdog thread on every rank polls the store; on seeing
 failing rank's message and exits the process with a non-zero code. Each rank also publishes a heartbeat
 counter; a rank whose counter stops moving for `dead_after_s` (killed, segfaulted) is reported the same
 way, so every rank exits within a bounded time whatever happened.
+
+The guard talks to the store over its own connection (`DistContext.guard_store`). A TCPStore client
+serves one request at a time, and the process group blocks in `store.wait` on its connection while it
+connects to its peers (`new_group` waits there, with no timeout, for a rank that died): a watchdog
+sharing that connection would block behind it and never notice the dead peer.
 """
 
 from __future__ import annotations
@@ -23,9 +28,15 @@ from types import TracebackType
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "LaunchError", "init_distributed", "RankGuard", "FAILED_KEY"]
+__all__ = ["DistContext", "LaunchError", "init_distributed", "RankGuard", "FAILED_KEY", "DEAD_AFTER_S"]
 
 FAILED_KEY = "failed"
+# Heartbeat silence after which a rank counts as dead. A killed rank is found within this plus two polls
+# (the acceptance bound is 60 s for every rank to exit); a live rank's watchdog thread beats every poll
+# even while its main thread runs torch ops or waits in a collective, which release the GIL.
+DEAD_AFTER_S = 20.0
+# How long one request of the guard's own store connection may block (the store's host gone or hung).
+_GUARD_STORE_TIMEOUT_S = 30.0
 
 
 class LaunchError(ValueError):
@@ -42,6 +53,9 @@ class DistContext:
     device: torch.device
     backend: str
     store: dist.Store
+    """The store the process group rendezvoused through (prefixed for this run)."""
+    guard_store: dist.Store
+    """The same store over a connection of its own, for `RankGuard` (see the module docstring)."""
 
 
 def _env_int(name: str) -> int:
@@ -74,23 +88,28 @@ def init_distributed(timeout_s: float = 300.0, backend: str | None = None) -> Di
     store = dist.TCPStore(host, port, world, is_master=(rank == 0 and not agent),
                           timeout=timedelta(seconds=timeout_s), multi_tenant=True)
     run = os.environ.get("TORCHELASTIC_RUN_ID", "") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"planner/{run}/", store)
+    prefix = f"planner/{run}/"
+    store = dist.PrefixStore(prefix, store)
     dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
-    return DistContext(rank, world, local, device, backend, dist.PrefixStore("guard/", store))
+    # The store's server is up (every rank has joined the group): a second client connection for the guard.
+    own = dist.TCPStore(host, port, world, is_master=False,
+                        timeout=timedelta(seconds=min(timeout_s, _GUARD_STORE_TIMEOUT_S)))
+    guard_store = dist.PrefixStore(prefix + "guard/", own)
+    return DistContext(rank, world, local, device, backend, store, guard_store)
 
 
 class RankGuard:
     """Context manager: an exception inside it, or a failure or silence of another rank, ends this
     process with exit code `exit_code` after printing which rank failed and why.
 
-    store: a store all ranks share; poll_s: watchdog period; dead_after_s: heartbeat silence after which
-    another rank counts as dead. `exit` is `os._exit` by default: a clean interpreter exit could block in
+    store: a store all ranks share, over a connection nothing else blocks on (`DistContext.guard_store`);
+    poll_s: watchdog period; dead_after_s: heartbeat silence after which another rank counts as dead. `exit` is `os._exit` by default: a clean interpreter exit could block in
     a process group's destructor while a peer is stuck in a collective.
     """
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, *, poll_s: float = 0.5,
-                 dead_after_s: float = 60.0, exit_code: int = 1,
+                 dead_after_s: float = DEAD_AFTER_S, exit_code: int = 1,
                  exit: Callable[[int], None] = os._exit) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
         self.poll_s, self.dead_after_s, self.exit_code = poll_s, dead_after_s, exit_code

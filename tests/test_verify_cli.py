@@ -3,7 +3,8 @@
 The plan is the mixed one (attention 3d, MLP 3d_allreduce, vocab-parallel embedding and head, the second
 block checkpointed) with CPU semantics: the report must show every error within 1e-5, measured collective
 bytes equal to the predicted ones for every kind and phase, and saved activations within 5 % on every
-rank. A model factory that raises on one rank must stop all ranks quickly, with that rank's message.
+rank. Faults (a rank that raises or is killed) are tested without torchrun in test_verify_faults.py, so
+that the project's own guard, not torchrun's agent, must stop the other ranks.
 """
 
 from __future__ import annotations
@@ -85,22 +86,3 @@ def test_outside_torchrun_it_says_how_to_start(plan4: str) -> None:
                           env={**env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "torchrun --standalone --nproc-per-node" in done.stderr
-
-
-def test_a_rank_that_raises_stops_every_rank(plan4: str, tmp_path: Path) -> None:
-    factory = tmp_path / "faulty.py"
-    factory.write_text(
-        "import os\n"
-        "from planner.models.gpt import build_gpt\n\n\n"
-        "def model():\n"
-        "    if os.environ.get('RANK') == '3':\n"
-        "        raise RuntimeError('rank three cannot build its model')\n"
-        "    return build_gpt('gpt-tiny', seed=0)\n")
-    done, seconds = torchrun(f"{factory}:model", plan4, ranks=4, timeout=300)
-    text = done.stdout + done.stderr
-    assert done.returncode != 0
-    assert seconds < 240
-    assert "rank 3: error: ModelLoadError" in text and "rank three cannot build its model" in text
-    stopped = set(re.findall(r"\[planner\] rank (\d) stopping", text))
-    assert stopped <= {"0", "1", "2"} and stopped, text[-3000:]
-    assert "PASS" not in done.stdout

@@ -24,7 +24,7 @@ WORKER = textwrap.dedent("""
 
     ctx = init_distributed(timeout_s=120)
     mode = sys.argv[1]
-    with RankGuard(ctx.store, ctx.rank, ctx.world_size, poll_s=0.2, dead_after_s=5):
+    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size, poll_s=0.2, dead_after_s=5):
         t = torch.ones(4)
         dist.all_reduce(t)
         if ctx.rank == 2 and mode == "raise":
