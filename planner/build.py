@@ -26,8 +26,8 @@ from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
-from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_costs
-from cost_models.strategy import HEAVY_SCHEMES, OpCost, Strategy
+from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_costs, op_signature
+from cost_models.strategy import HEAVY_SCHEMES, OpCost, SavedTensor, Strategy
 from planner.graph import ModelGraph
 from planner.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode
 
@@ -108,6 +108,69 @@ def _distinct(items: list) -> tuple[list, np.ndarray]:
     return list(index), idx
 
 
+def _templates(graph: ModelGraph) -> dict[str, str]:
+    """op -> the op at the same position of the previous block of the same class, when the two blocks'
+    ops have equal signatures position by position and their inputs inside the blocks correspond."""
+    out: dict[str, str] = {}
+    previous: dict[str, list[str]] = {}
+    nodes = {n.name: n for n in graph.nodes}
+    for b in graph.blocks:
+        prev = previous.get(b.cls)
+        previous[b.cls] = b.nodes
+        if prev is None or len(prev) != len(b.nodes):
+            continue
+        pos = {name: i for i, name in enumerate(b.nodes)}
+        pos_prev = {name: i for i, name in enumerate(prev)}
+        pairs = {}
+        for name, t in zip(b.nodes, prev):
+            op, top = nodes.get(name), nodes.get(t)
+            if op is None or top is None or op_signature(op) != op_signature(top):
+                break
+            if any(pos.get(a) != pos_prev.get(ta) for a, ta in zip(op.inputs, top.inputs)):
+                break
+            pairs[name] = t
+        else:
+            out.update(pairs)
+    return out
+
+
+def _same_inputs(op: OpNode, t: OpNode, strategies: dict[str, list[Strategy]]) -> bool:
+    """Whether `op` sees what its template `t` saw: inputs with equal strategies, hence equal candidate
+    layouts (inside the block they are usually the very same list, copied from the template's input)."""
+    return all(strategies[a] is strategies[ta] or strategies[a] == strategies[ta] for a, ta in zip(op.inputs, t.inputs))
+
+
+def _renamed(costs: list[OpCost], t: OpNode, op: OpNode) -> list[OpCost]:
+    """`costs` of the template op `t` with saved-tensor keys naming `op` and its inputs instead."""
+    names = {t.name: op.name} | dict(zip(t.inputs, op.inputs))
+    made: dict[SavedTensor, SavedTensor] = {}
+
+    def rename(t: SavedTensor) -> SavedTensor:
+        if t not in made:
+            head, sep, rest = t.key.partition(":")
+            made[t] = SavedTensor(names.get(head, head) + sep + rest, t.bytes)
+        return made[t]
+
+    out = []
+    for c in costs:
+        if not c.saved:
+            out.append(c)
+            continue
+        new = object.__new__(OpCost)  # a copy with other names: skip the dataclass machinery (hot path)
+        new.__dict__.update(c.__dict__)
+        new.__dict__["saved"] = tuple(rename(k) for k in c.saved)
+        out.append(new)
+    return out
+
+
+def _add_edge(edge_mats: dict, pair: tuple[str, str], cost: np.ndarray, rec: np.ndarray) -> None:
+    if pair in edge_mats:
+        edge_mats[pair][0][:] += cost
+        edge_mats[pair][1][:] += rec
+    else:
+        edge_mats[pair] = (cost.copy(), rec.copy())
+
+
 def _restrict(op: OpNode, strategies: list[Strategy], reasons: list[str], allowed: frozenset[str] | None):
     """Keep only allowed heavy schemes, when the op offers any of them."""
     if allowed is None:
@@ -169,23 +232,33 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
     unsupported: list[str] = []
 
     # --- 1 + 2: enumerate in execution order and group followers -------------------------------
+    # An op of a repeated block whose counterpart in the previous identical block has the same signature
+    # and inputs with the same strategies has the same strategies and costs: copy them (renamed).
+    template = _templates(graph)
+    copied: dict[str, str] = {}
     for op in graph.nodes:
-        cands: list[list[Layout]] = []
-        for src in op.inputs:
-            prod = nodes[src]
-            seen: dict[Layout, None] = {}
-            for s in strategies[src]:
-                seen[_out_layout(s, prod, op)] = None
-            cands.append(list(seen))
-        found, reasons = enumerate_strategies(op, mesh, cands)
-        found, reasons = _restrict(op, found, reasons, schemes)
-        if not found:
-            raise AssertionError(f"no strategy at all for {op.name} ({op.kind}); the cost model must offer one")
+        t = template.get(op.name)
+        if t is not None and _same_inputs(op, nodes[t], strategies):
+            found, reasons = strategies[t], not_offered[t]
+            costs[op.name] = _renamed(costs[t], nodes[t], op)
+            copied[op.name] = t
+        else:
+            cands: list[list[Layout]] = []
+            for src in op.inputs:
+                prod = nodes[src]
+                seen: dict[Layout, None] = {}
+                for s in strategies[src]:
+                    seen[_out_layout(s, prod, op)] = None
+                cands.append(list(seen))
+            found, reasons = enumerate_strategies(op, mesh, cands)
+            found, reasons = _restrict(op, found, reasons, schemes)
+            if not found:
+                raise AssertionError(f"no strategy at all for {op.name} ({op.kind}); the cost model must offer one")
+            costs[op.name] = op_costs(op, found, mesh, hw, device=device, bytes_per_param=bytes_per_param)
         if op.kind == "other":
             unsupported.append(op.name)
         strategies[op.name] = found
         not_offered[op.name] = reasons
-        costs[op.name] = op_costs(op, found, mesh, hw, device=device, bytes_per_param=bytes_per_param)
 
         joined = _join_producer(op, found, nodes, strategies, decisions, decision_of)
         if not joined:
@@ -194,7 +267,17 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
 
     # --- 3: price choices and edges --------------------------------------------------------------
     pnodes: list[ProblemNode] = []
+    priced: dict[str, list[Choice]] = {}
+    same_decision: dict[str, str] = {}  # decision -> the identical decision of the previous block
     for d in decisions.values():
+        t_ops = [copied.get(op) for op in d.ops]
+        if all(t_ops) and t_ops[0] in decision_of:
+            dt = decisions[decision_of[t_ops[0]]]
+            if dt.ops == t_ops and dt.members == d.members:
+                same_decision[d.name] = dt.name
+                priced[d.name] = priced[dt.name]
+                pnodes.append(ProblemNode(d.name, list(priced[d.name]), d.block))
+                continue
         choices = []
         for c in range(len(d.members[0])):
             oc = [costs[op][idx[c]] for op, idx in zip(d.ops, d.members)]
@@ -209,10 +292,12 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
                 saved_bytes=sum(saved.values()),
                 transient_bytes=max((x.transient_bytes for x in oc), default=0),
             ))
+        priced[d.name] = choices
         pnodes.append(ProblemNode(d.name, choices, d.block))
 
     edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
     memo: dict[tuple, tuple[float, float]] = {}
+    edge_of: dict[tuple[str, int], tuple[np.ndarray, np.ndarray] | None] = {}  # (op, arg) -> its matrices
     flows = grad_flow(graph.nodes)
     for op in graph.nodes:
         dv = decisions[decision_of[op.name]]
@@ -222,6 +307,14 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
             if du is dv:
                 continue
             ku = du.ops.index(src)
+            t = copied.get(op.name)
+            if (t is not None and copied.get(src) == nodes[t].inputs[arg] and dv.name in same_decision
+                    and du.name in same_decision and (t, arg) in edge_of):
+                found_edge = edge_of[(t, arg)]
+                edge_of[(op.name, arg)] = found_edge
+                if found_edge is not None:
+                    _add_edge(edge_mats, (du.name, dv.name), *found_edge)
+                continue
             prod = nodes[src]
             meta = op.input_meta[arg]
             # price each distinct (producer layout, consumer layout) pair once, then index
@@ -242,13 +335,10 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
             cost = small[0][np.ix_(iu, iv)]
             rec = small[1][np.ix_(iu, iv)]
             if not cost.any() and not rec.any():
+                edge_of[(op.name, arg)] = None
                 continue
-            pair = (du.name, dv.name)
-            if pair in edge_mats:
-                edge_mats[pair][0][:] += cost
-                edge_mats[pair][1][:] += rec
-            else:
-                edge_mats[pair] = (cost, rec)
+            edge_of[(op.name, arg)] = (cost, rec)
+            _add_edge(edge_mats, (du.name, dv.name), cost, rec)
     pedges = [ProblemEdge(u, v, c, r) for (u, v), (c, r) in edge_mats.items()]
 
     # --- 4: blocks ---------------------------------------------------------------------------------

@@ -84,9 +84,15 @@ def _ref(i: int) -> str:
     return f"%{i}"
 
 
+# attributes that name where a tensor comes from, not what it is: they do not change strategies or costs
+_NAMING_ATTRS = ("buffer", "constant")
+
+
 def _signature(op: OpNode) -> tuple:
+    attrs = {k: v for k, v in op.attrs.items() if k not in _NAMING_ATTRS} if any(
+        k in op.attrs for k in _NAMING_ATTRS) else op.attrs
     return (op.kind, op.target, tuple(op.input_meta), tuple(op.outputs),
-            tuple((p.shape, p.dtype, p.role) for p in op.params), len(op.inputs), _freeze(op.attrs))
+            tuple((p.shape, p.dtype, p.role) for p in op.params), len(op.inputs), _freeze(attrs))
 
 
 class _Canon:
