@@ -25,6 +25,14 @@ _COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "bro
 _DEVICES = ("cuda", "cpu")
 # torch dtype short names -> the peak a matmul in that dtype runs at.
 _DTYPE_PEAK = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# Upper limits of a plausible profile, orders of magnitude beyond any device of today: a value past one is a
+# typo or a unit mistake (bits for bytes, GB/s for B/s), refused so that it cannot silently skew every plan.
+_MAX_GPUS_PER_NODE = 4096        # the largest NVLink domains hold 72-576 GPUs (GB200 NVL72, NVL576)
+_MAX_MEMORY_BYTES = 2**50        # 1 PiB per rank (a B200 has 192 GB, the largest CPU hosts tens of TB)
+_MAX_PEAK_FLOPS = 1e17           # 100 PFLOP/s per rank (a B200 runs about 2.25e15 dense bf16)
+_MAX_MEM_BANDWIDTH = 1e15        # 1 PB/s per rank (a B200 has 8e12 B/s)
+_MAX_ALPHA_S = 1.0               # one ring step's latency: microseconds on real links
+_BETA_RANGE = (1e-15, 1e-3)      # seconds per byte: links from 1 PB/s down to 1 KB/s
 
 
 class ProfileError(ValueError):
@@ -127,6 +135,10 @@ class HardwareProfile:
         if missing:
             raise ProfileError(f"hardware profile {data.get('name', '?')!r} is missing field(s) {missing}; "
                                f"a profile needs {list(required)} (see HardwareProfile)")
+        unknown = sorted(set(data) - set(required) - {"overrides", "group_overrides"})
+        if unknown:
+            raise ProfileError(f"hardware profile {data.get('name', '?')!r} has unknown field(s) {unknown}; the "
+                               f"fields are {list(required)} plus optional 'overrides' and 'group_overrides'")
         overrides: dict[tuple[str, str], tuple[float, float]] = {}
         raw = data.get("overrides", {}) or {}
         if not isinstance(raw, dict):
@@ -199,10 +211,12 @@ def _int(value: Any, what: str) -> int:
 def _validate(p: HardwareProfile) -> None:
     if p.device not in _DEVICES:
         raise ProfileError(f"profile {p.name!r}: device must be one of {_DEVICES}, got {p.device!r}")
-    if p.gpus_per_node < 1:
-        raise ProfileError(f"profile {p.name!r}: gpus_per_node must be >= 1, got {p.gpus_per_node}")
-    if p.memory_bytes <= 0:
-        raise ProfileError(f"profile {p.name!r}: memory_bytes must be positive, got {p.memory_bytes}")
+    if not 1 <= p.gpus_per_node <= _MAX_GPUS_PER_NODE:
+        raise ProfileError(f"profile {p.name!r}: gpus_per_node must be in [1, {_MAX_GPUS_PER_NODE}], got "
+                           f"{p.gpus_per_node}")
+    if not 0 < p.memory_bytes <= _MAX_MEMORY_BYTES:
+        raise ProfileError(f"profile {p.name!r}: memory_bytes must be positive bytes per rank, at most "
+                           f"{_MAX_MEMORY_BYTES} (1 PiB), got {p.memory_bytes}")
     if "fp32" not in p.peak_flops:
         raise ProfileError(f"profile {p.name!r}: peak_flops needs at least an 'fp32' entry, got {sorted(p.peak_flops)}")
     for k, v in p.peak_flops.items():
@@ -210,10 +224,16 @@ def _validate(p: HardwareProfile) -> None:
             raise ProfileError(f"profile {p.name!r}: unknown peak_flops dtype {k!r}; use {PEAK_DTYPES}")
         if not (v > 0 and math.isfinite(v)):
             raise ProfileError(f"profile {p.name!r}: peak_flops[{k}] must be positive, got {v}")
+        if v > _MAX_PEAK_FLOPS:
+            raise ProfileError(f"profile {p.name!r}: peak_flops[{k}] = {v:g} FLOP/s per rank is beyond any device "
+                               f"(at most {_MAX_PEAK_FLOPS:g}); give FLOP/s, e.g. 3.12e14 for 312 TFLOP/s")
     if not (0 < p.efficiency <= 1):
         raise ProfileError(f"profile {p.name!r}: efficiency must be in (0, 1], got {p.efficiency}")
     if not (p.mem_bandwidth > 0 and math.isfinite(p.mem_bandwidth)):
         raise ProfileError(f"profile {p.name!r}: mem_bandwidth must be positive bytes/s, got {p.mem_bandwidth}")
+    if p.mem_bandwidth > _MAX_MEM_BANDWIDTH:
+        raise ProfileError(f"profile {p.name!r}: mem_bandwidth = {p.mem_bandwidth:g} bytes/s is beyond any device "
+                           f"(at most {_MAX_MEM_BANDWIDTH:g}); give bytes per second, e.g. 2.039e12 for 2,039 GB/s")
     pairs = {"intra": (p.intra_alpha, p.intra_beta), "inter": (p.inter_alpha, p.inter_beta)}
     pairs.update({f"{link}:{kind}": ab for (link, kind), ab in p.overrides.items()})
     pairs.update({f"{link}:{kind}:{n}": ab for (link, kind, n), ab in p.group_overrides.items()})
@@ -228,9 +248,16 @@ def _validate(p: HardwareProfile) -> None:
     for what, (alpha, beta) in pairs.items():
         if not (alpha >= 0 and math.isfinite(alpha)):
             raise ProfileError(f"profile {p.name!r}: alpha of {what} must be >= 0 seconds, got {alpha}")
+        if alpha > _MAX_ALPHA_S:
+            raise ProfileError(f"profile {p.name!r}: alpha of {what} = {alpha:g} s per ring step is absurd (at most "
+                               f"{_MAX_ALPHA_S:g}); give seconds, e.g. 3.4e-06 for 3.4 us")
         if not (beta > 0 and math.isfinite(beta)):
             raise ProfileError(f"profile {p.name!r}: beta of {what} must be positive seconds/byte "
                                f"(1 / bandwidth), got {beta}")
+        if not _BETA_RANGE[0] <= beta <= _BETA_RANGE[1]:
+            raise ProfileError(f"profile {p.name!r}: beta of {what} = {beta:g} s/byte is a link of {1 / beta:g} bytes/s,"
+                               f" outside [{1 / _BETA_RANGE[1]:g}, {1 / _BETA_RANGE[0]:g}]; beta is seconds per byte, "
+                               "1 / bandwidth, e.g. 4e-11 for 25 GB/s")
 
 
 # --- built-in profiles ---------------------------------------------------------------------------

@@ -9,10 +9,12 @@ or 3 when no plan fits the budget; `--debug` prints the traceback as well.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from planner.cli_registry import COMMANDS
 
@@ -24,6 +26,9 @@ COMMAND_MODULES = ("planner.cli_plan", "planner.cli_explain", "planner.cli_front
 
 EXIT_USER_ERROR = 2
 EXIT_INFEASIBLE = 3
+# torch loggers that print a traceback of their own (at ERROR) for a failure the command line then reports
+# as one line: a model whose example inputs do not fit it fails a meta kernel while it is captured.
+_NOISY_LOGGERS = ("torch._subclasses.fake_tensor",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +63,26 @@ def _is_infeasible(error: ValueError) -> bool:
     return api is not None and isinstance(error, getattr(api, "InfeasibleError", ()))
 
 
+@contextlib.contextmanager
+def _quiet_torch(quiet: bool) -> Iterator[None]:
+    """Silence `_NOISY_LOGGERS` while a command runs (unless --debug), so a user error stays one line. A
+    filter rather than a level: torch's logging set-up resets the levels of its loggers when it starts."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS] if quiet else []
+    drop = _DropBelowCritical()
+    for lg in loggers:
+        lg.addFilter(drop)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(drop)
+
+
+class _DropBelowCritical(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with `argv` (default: sys.argv[1:]) and return the exit status."""
     parser = build_parser()
@@ -66,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USER_ERROR
     try:
-        return args.run(args)
+        with _quiet_torch(not getattr(args, "debug", False)):
+            return args.run(args)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

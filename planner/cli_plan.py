@@ -112,6 +112,11 @@ def plan_command(args: argparse.Namespace) -> int:
     to_stdout = args.out == "-"
     console = err_console() if to_stdout else out_console()
     console.print(summary_table(result))
+    unsupported = [f"{a.node} ({a.target})" for a in result.assignments if a.kind == "other"]
+    if unsupported:  # kept replicated, not an error: say so, since their memory and time are only estimates
+        shown = ", ".join(unsupported[:5]) + (f" and {len(unsupported) - 5} more" if len(unsupported) > 5 else "")
+        err_console().print(f"note: {len(unsupported)} op(s) have no parallel strategy and run replicated (their "
+                            f"saved activations are not counted): {shown}; `planner explain` lists them")
     if to_stdout:
         sys.stdout.write(result.to_json())
     else:

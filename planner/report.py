@@ -103,7 +103,10 @@ def summary_table(plan: Plan) -> Table:
                                f"{format_seconds(p.comm_s)} + recompute {format_seconds(p.recompute_s)}")
     table.add_row("communication", f"{format_bytes(p.comm_bytes)} per rank per step, "
                                    f"{len(plan.redistributions)} redistributions")
-    gap = "" if s.gap is None else f", gap {s.gap:.2%}"
+    if s.gap is None or math.isnan(s.gap):  # None or NaN: the solver stopped without a bound on the optimum
+        gap = ", gap unknown" if s.status == "feasible" else ""
+    else:
+        gap = f", gap {s.gap:.2%}"
     table.add_row("solver", f"{s.name} {s.status} in {format_seconds(s.seconds)}"
                             f"{gap}{', ' + s.method if s.method else ''}")
     return table
