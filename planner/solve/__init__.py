@@ -16,7 +16,7 @@ import time
 
 from planner.solve.brute_force import brute_force
 from planner.solve.columns import PricedSolve
-from planner.solve.decompose import NotDecomposable, decompose
+from planner.solve.decompose import Decomposition, NotDecomposable, decompose
 from planner.solve.driver import solve_built
 from planner.solve.evaluate import evaluate
 from planner.solve.frontier import FrontierTooLarge
@@ -43,15 +43,15 @@ AUTO_FLAT_LIMIT = 50
 PROGRESS_DELAY_S = 1.0
 
 
-def _pick_method(ip: IndexedProblem) -> str:
+def _pick_method(ip: IndexedProblem) -> tuple[str, Decomposition | None]:
     if flat_size(ip) <= AUTO_FLAT_LIMIT:
-        return "flat"
+        return "flat", None
     try:
         dec = decompose(ip)
     except NotDecomposable as err:
         log.info("two-level solve not applicable (%s); using the flat ILP", err)
-        return "flat"
-    return "priced" if any(len(c.blocks) >= 2 for c in dec.classes) else "flat"
+        return "flat", None
+    return ("priced" if any(len(c.blocks) >= 2 for c in dec.classes) else "flat"), dec
 
 
 def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, method: str = "auto",
@@ -80,19 +80,19 @@ def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, 
     name = resolve_solver(solver)
     start = time.perf_counter()
     ip = IndexedProblem(problem)
-    chosen = _pick_method(ip) if method == "auto" else method
+    chosen, dec = _pick_method(ip) if method == "auto" else (method, None)
     with Progress(progress, f"planner: {chosen.replace('_', '-')} solve of {ip.n} nodes", PROGRESS_DELAY_S):
         sol = None
         if chosen == "priced":
             try:
-                sol = PricedSolve(ip, decompose(ip)).solve(name, time_limit)
+                sol = PricedSolve(ip, dec or decompose(ip)).solve(name, time_limit)
             except NotDecomposable as err:
                 if method == "priced":
                     raise
                 log.info("priced solve not applicable (%s); using the flat ILP", err)
         if chosen == "two_level":
             try:
-                sol = TwoLevel(ip).solve(name, time_limit)
+                sol = TwoLevel(ip, dec).solve(name, time_limit)
             except (NotDecomposable, FrontierTooLarge) as err:
                 if method == "two_level":
                     raise

@@ -172,7 +172,7 @@ class PricedSolve:
         fits = [r for r in self.priced if r.peak <= ip.budget]
         best = min(fits, key=lambda r: r.time_s, default=None)
         bound = max((r.bound for r in self.priced), default=-np.inf)
-        outer = TwoLevel(ip)
+        outer = TwoLevel(ip, self.dec)
         outer.points = self._columns()
         self.stats["columns"] = float(sum(len(p) for p in outer.points))
         rnd = outer.outer("time", solver, deadline, best.time_s if best else np.inf, rel_gap=GAP_TOLERANCE)

@@ -96,12 +96,19 @@ class TwoLevel:
     upper bound and one more round with it as the target is exact.
     """
 
-    def __init__(self, ip: IndexedProblem) -> None:
+    def __init__(self, ip: IndexedProblem, dec: Decomposition | None = None) -> None:
         self.ip = ip
-        self.dec: Decomposition = decompose(ip)
-        self.bound = LagrangeBound(ip, self.dec)
+        self.dec: Decomposition = decompose(ip) if dec is None else dec
+        self._bound: LagrangeBound | None = None
         self.points: list[list[FrontierPoint]] = [[] for _ in self.dec.classes]
         self.stats: dict[str, float] = {}
+
+    @property
+    def bound(self) -> LagrangeBound:
+        """The Lagrangian bounds (made on first use: the outer ILP alone does not need them)."""
+        if self._bound is None:
+            self._bound = LagrangeBound(self.ip, self.dec)
+        return self._bound
 
     def _frontiers(self, mode: str, target: float, deadline: float) -> None:
         self.points = [

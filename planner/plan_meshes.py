@@ -1,0 +1,163 @@
+"""Plan every candidate mesh shape: build, solve and assemble each one, in parallel processes.
+
+Each mesh shape is an independent problem (its own strategies, costs and solve), so `plan()` runs them in
+forked worker processes, as many at a time as there are CPUs, biggest first, and picks the best plan in
+mesh order (the result does not depend on which worker finishes first). A worker that runs past its hard
+deadline is stopped and its mesh skipped. With one CPU or one mesh it all runs in this process.
+
+Per mesh (`plan_mesh`), the assembled plan's accounting decides whether the answer fits: it adds working
+sets the per-choice problem cannot see (a layout conversion's staging buffers, which depend on both
+ends' choices, and the recomputed activations alive beside an op in a checkpointed block's backward).
+When it exceeds the budget, the solver's budget is tightened by the excess and the problem solved again.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cost_models.mesh import Mesh
+from planner.build import BuiltProblem, SchemeUnavailable
+from planner.plan_format import Plan
+from planner.solve import Progress, Solution, solve
+
+__all__ = ["MeshResult", "plan_mesh", "plan_meshes"]
+
+_FIT_ROUNDS = 4  # solves per mesh at most: the budget, then tightened by the plan's excess
+_GRACE_S = 5.0  # past time_limit per solve, before a worker is stopped
+
+
+@dataclass
+class MeshResult:
+    """One mesh's outcome: a plan that fits, or the least peak found (a budget that fits), or why the
+    mesh cannot be used (`unavailable`), or an error message."""
+
+    mesh: Mesh
+    plan: Plan | None = None
+    objective: float = float("inf")
+    least: int | None = None
+    unavailable: str = ""
+    error: str = ""
+
+
+def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
+              budget: int, *, solver: str, time_limit: float) -> MeshResult:
+    """Build, solve and assemble one mesh (see the module docstring)."""
+    try:
+        built = build(mesh)
+    except SchemeUnavailable as e:
+        return MeshResult(mesh, unavailable=str(e))
+    problem = built.problem
+    cap, seconds = budget, 0.0
+    try:
+        for _ in range(_FIT_ROUNDS):
+            problem.budget_bytes = cap
+            sol = solve(problem, solver=solver, time_limit=time_limit)
+            seconds += sol.seconds
+            sol.seconds = seconds
+            if sol.status in ("optimal", "feasible"):
+                p = assemble(built, sol)
+                if p.predicted.peak_memory_bytes <= budget:
+                    return MeshResult(mesh, p, sol.objective)
+                cap -= max(p.predicted.peak_memory_bytes - budget, 1)
+                if cap <= 0:
+                    break
+                continue
+            break
+        if sol.status in ("optimal", "feasible") or (sol.status == "infeasible" and cap != budget):
+            # the least-memory search of a tightened budget may differ from an untightened one's: ask
+            # the budget-independent question, so the budget reported here is one that re-planning meets
+            problem.budget_bytes = 0
+            sol = solve(problem, solver=solver, time_limit=time_limit)
+        if sol.status == "infeasible" and sol.choice:
+            # the least-memory assignment: its exact peak is a budget that fits
+            sol.status, sol.message = "feasible", "the least-memory assignment (tighter budgets found none)"
+            p = assemble(built, sol)
+            if p.predicted.peak_memory_bytes <= budget:
+                return MeshResult(mesh, p, sol.objective)
+            return MeshResult(mesh, least=p.predicted.peak_memory_bytes)
+        if sol.status == "infeasible":
+            return MeshResult(mesh, least=sol.min_feasible_budget)
+        return MeshResult(mesh, error=sol.message or f"solver status {sol.status}")
+    finally:
+        problem.budget_bytes = budget
+
+
+def _cost_rank(mesh: Mesh) -> int:
+    """Bigger first: more mesh axes mean many more strategies per op."""
+    return -len(mesh.shape)
+
+
+def plan_meshes(meshes: list[Mesh], job: Callable[[Mesh], MeshResult], *, time_limit: float,
+                progress: bool = False, workers: int | None = None) -> list[MeshResult]:
+    """`job(mesh)` for every mesh, in forked workers (at most `workers`, default the CPU count), results
+    in the order of `meshes`. An exception in a worker is raised here; a worker past its deadline
+    gives an error result."""
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = min(len(meshes), workers)
+    if workers <= 1:
+        with Progress(progress, f"planner: planning {len(meshes)} mesh shape(s)"):
+            return [job(m) for m in meshes]
+    ctx = mp.get_context("fork")
+    deadline_s = _FIT_ROUNDS * (time_limit + _GRACE_S) + 60.0
+    order = sorted(range(len(meshes)), key=lambda i: _cost_rank(meshes[i]))
+    results: dict[int, MeshResult] = {}
+    running: dict[int, tuple[mp.Process, object, float]] = {}
+    with Progress(progress, f"planner: planning {len(meshes)} mesh shapes in {workers} processes"):
+        try:
+            while order or running:
+                while order and len(running) < workers:
+                    i = order.pop(0)
+                    running[i] = _start(ctx, job, meshes[i]) + (time.perf_counter(),)
+                for i, (proc, recv, started) in list(running.items()):
+                    if recv.poll(0.02):
+                        try:
+                            kind, value = pickle.loads(recv.recv_bytes())
+                        except EOFError:
+                            kind, value = "result", MeshResult(meshes[i], error="the planning process died")
+                        if kind == "raise":
+                            raise value
+                        results[i] = value
+                    elif not proc.is_alive() and not recv.poll(0):
+                        results[i] = MeshResult(meshes[i], error=f"the planning process died (exit {proc.exitcode})")
+                    elif time.perf_counter() - started > deadline_s:
+                        results[i] = MeshResult(meshes[i], error=f"no answer within {deadline_s:g} s (stopped)")
+                    else:
+                        continue
+                    _stop(proc, recv)
+                    del running[i]
+        finally:
+            for proc, recv, _ in running.values():
+                _stop(proc, recv)
+    return [results[i] for i in range(len(meshes))]
+
+
+def _start(ctx, job: Callable[[Mesh], MeshResult], mesh: Mesh) -> tuple[mp.Process, object]:
+    recv, send = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            out = ("result", job(mesh))
+        except BaseException as e:  # raised again in the parent, as it would have been in-process
+            out = ("raise", e)
+        try:
+            send.send_bytes(pickle.dumps(out))
+        except Exception as e:  # an unpicklable exception: send its text
+            send.send_bytes(pickle.dumps(("raise", RuntimeError(f"{type(out[1]).__name__}: {out[1]} ({e})"))))
+
+    proc = ctx.Process(target=child, daemon=True)
+    proc.start()
+    send.close()
+    return proc, recv
+
+
+def _stop(proc: mp.Process, recv) -> None:
+    if proc.is_alive():
+        proc.kill()
+    proc.join(timeout=5)
+    recv.close()
