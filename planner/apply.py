@@ -37,6 +37,7 @@ from planner.apply_layers import LayerContext, ParamHome, build_layer
 from planner.apply_values import ApplyError, node_values
 from planner.capture import capture
 from planner.graph import ModelGraph
+from planner.plan_check import check_layouts
 from planner.plan_format import SCHEMA_VERSION, Plan
 
 __all__ = ["apply_plan", "ParallelModule", "PlanMismatchError", "ApplyError", "INPUT_MODES"]
@@ -114,8 +115,9 @@ def _set_path(root: nn.Module, path: str, value: nn.Module | torch.Tensor, persi
 
 
 def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None) -> ModelGraph:
-    """Refuse a plan made for another plan format, world size or model (PlanMismatchError); return the
-    model captured again. Collective-free, so every rank fails the same way before building anything."""
+    """Refuse a plan made for another plan format, world size or model (PlanMismatchError), or whose layouts
+    do not fit the model's shapes (PlanError); return the model captured again. Collective-free, so every
+    rank fails the same way before building anything."""
     if plan.schema_version != SCHEMA_VERSION:
         raise PlanMismatchError(f"the plan has schema_version {plan.schema_version}, this planner applies version "
                                 f"{SCHEMA_VERSION}; re-run `planner plan` with this version")
@@ -140,6 +142,7 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None) -> Mode
             f"the plan was made for another model: its fingerprint is {plan.model.fingerprint[:12]} "
             f"({plan.model.name}), this model's is {graph.fingerprint[:12]} ({graph.name}: {len(graph)} ops); the "
             "architecture, the input shapes or the train/eval mode differ. Re-run `planner plan` for this model")
+    check_layouts(graph, plan)  # a plan file edited after planning: layouts that no longer fit the shapes
     return graph
 
 
