@@ -13,7 +13,8 @@ For a random model (layers, hidden size, heads, sequence, batch), world size (1,
 
 Runs: the default run draws a few fixed (derandomised) examples, about 30 s on 2 cores. The extended run
 draws many random ones: `PLANNER_HYPOTHESIS=extended python -m pytest tests/test_properties.py` (200
-planning examples and 10 applied plans; see the README's troubleshooting section for its length).
+planning examples and 10 applied plans, up to an hour per test; the README's troubleshooting section gives
+its measured length).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ _common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
            "derandomize": not EXTENDED, "database": None}
 PLANNING = settings(max_examples=200 if EXTENDED else 10, **_common)
 APPLYING = settings(max_examples=10 if EXTENDED else 2, **_common)
+pytestmark = pytest.mark.timeout(3600 if EXTENDED else 300)
 
 
 @dataclass(frozen=True)
