@@ -51,8 +51,8 @@ class BlockTable:
         return out
 
 
-def _read_back(pieces: list[tuple[int, int, Sweep]], joins: list[np.ndarray], p: np.ndarray, q: np.ndarray,
-               n: int) -> np.ndarray:
+def _read_back(pieces: list[tuple[int, int | None, bool, Sweep]], joins: list[np.ndarray], p: np.ndarray,
+               q: np.ndarray, n: int) -> np.ndarray:
     """Node choices of the cheapest block for boundaries (p, q), from the pieces' sweeps and the argmins
     of the min-plus joins between them."""
     ends = [q]
@@ -60,8 +60,10 @@ def _read_back(pieces: list[tuple[int, int, Sweep]], joins: list[np.ndarray], p:
         ends.append(arg[p, ends[-1]])
     ends = ends[::-1]  # ends[k]: the choice of piece k's last node
     out = np.zeros((len(p), n), dtype=np.int64)
-    for k, (carried, last, sweep) in enumerate(pieces):
+    for k, (carried, last, with_port, sweep) in enumerate(pieces):
         given = {carried: p if k == 0 else ends[k - 1]}
+        if with_port:
+            given[PORT] = p
         if last is not None:
             given[last] = ends[k]
         for node, idx in sweep.argmin(given).items():
@@ -75,26 +77,57 @@ class BlockDP:
 
     def __init__(self, shape: BlockShape) -> None:
         self.shape = shape
-        plan = plan_sweep(shape)
-        self.order = plan.order
+        plan = plan_sweep(shape)  # checks the edges are acyclic; sums the port's edges per node
         self.n = len(shape.sizes)
         self.out = shape.out_pos
         self.sizes = {v: s for v, s in enumerate(shape.sizes)} | {PORT: shape.port_size}
         self.internal = shape.internal
         self.port = {v: plan.port[v] for v in range(self.n) if plan.port[v][0].any() or plan.port[v][1].any()}
-        self.pieces = self._cut(plan.live)
+        self.order, live = self._order()
+        self.pieces = self._cut(live)
 
-    def _cut(self, live: list[list[int]]) -> list[tuple[int, list[int], int | None]]:
-        """(carried node, nodes swept, last node kept) per piece: cut after a step when one node other than
-        the output carries everything later steps need and the port is not used any more."""
-        last_port = max((self.order.index(v) for v in self.port), default=-1)
+    def _order(self) -> tuple[list[int], list[list[int]]]:
+        """A topological order that keeps the sweep's tables small (greedy: next, the ready node that
+        gives the smallest table), and the nodes still needed after each step."""
+        succ: dict[int, set[int]] = {v: set() for v in range(self.n)}
+        preds: dict[int, set[int]] = {v: set() for v in range(self.n)}
+        for s, d, _, _ in self.internal:
+            succ[s].add(d)
+            preds[d].add(s)
+        placed: set[int] = set()
+        axes: set[int] = set()
+        order, live = [], []
+
+        def needed(nodes: set[int], done: set[int]) -> set[int]:
+            return {u for u in nodes if u == self.out or not succ[u] <= done}
+
+        def size(v: int, axes: set[int]) -> tuple[float, float, int]:
+            now = axes | {v}
+            after = needed(now, placed | {v})
+            return float(np.prod([self.sizes[u] for u in now])), float(np.prod([self.sizes[u] for u in after])), v
+
+        while len(order) < self.n:
+            ready = [v for v in range(self.n) if v not in placed and preds[v] <= placed]
+            v = min(ready, key=lambda v: size(v, axes))
+            placed.add(v)
+            order.append(v)
+            axes = needed(axes | {v}, placed)
+            live.append(sorted(axes))
+        return order, live
+
+    def _cut(self, live: list[list[int]]) -> list[tuple[int, list[int], int | None, bool]]:
+        """(carried node, nodes swept, last node kept, whether the port is needed) per piece: cut after a
+        step when one node other than the output carries everything later steps need besides the port.
+        Only pieces with edges from the port carry its axis, so a transformer layer's attention, between
+        the port's two uses (the first norm and the residual add), is swept without it."""
         pieces, carried, start = [], PORT, 0
         for i in range(len(self.order) - 1):
-            if i >= last_port and len(live[i]) == 1 and live[i][0] != self.out and live[i][0] != carried:
-                u = live[i][0]
-                pieces.append((carried, self.order[start:i + 1], u))
-                carried, start = u, i + 1
-        pieces.append((carried, self.order[start:], self.out))
+            if len(live[i]) == 1 and live[i][0] != self.out and live[i][0] != carried:
+                nodes = self.order[start:i + 1]
+                pieces.append((carried, nodes, live[i][0], carried != PORT and any(v in self.port for v in nodes)))
+                carried, start = live[i][0], i + 1
+        nodes = self.order[start:]
+        pieces.append((carried, nodes, self.out, carried != PORT and any(v in self.port for v in nodes)))
         return pieces
 
     def _sweep_inputs(self, price: Price, ckpt: bool) -> tuple[dict, dict]:
@@ -115,18 +148,21 @@ class BlockDP:
     def _one(self, price: Price, ckpt: bool) -> tuple[np.ndarray, list, list]:
         unary, incoming = self._sweep_inputs(price, ckpt)
         pieces, joins, total = [], [], None
-        for carried, nodes, last in self.pieces:
-            keep = [carried] + ([last] if last is not None else [])
-            sweep = eliminate(nodes, self.sizes, unary, incoming, keep=keep, start=[carried])
-            table = sweep.value if last is not None else sweep.value[:, None]
-            pieces.append((carried, last, sweep))
-            if total is None:
+        for carried, nodes, last, with_port in self.pieces:
+            start = [carried] + ([PORT] if with_port else [])
+            sweep = eliminate(nodes, self.sizes, unary, incoming, keep=start + ([last] if last is not None else []),
+                              start=start)
+            table = sweep.value if last is not None else sweep.value[..., None]
+            pieces.append((carried, last, with_port, sweep))
+            if total is None:  # (port, last)
                 total = table
-            else:  # min-plus join through the cut node's choice
-                both = total[:, :, None] + table[None, :, :]
-                arg = np.argmin(both, axis=1)
-                joins.append(arg)
-                total = np.take_along_axis(both, arg[:, None, :], axis=1)[:, 0, :]
+                continue
+            # min-plus join through the cut node's choice: (port, cut) + (cut, last) or (cut, port, last)
+            step = np.transpose(table, (1, 0, 2)) if with_port else table[None, :, :]
+            both = total[:, :, None] + step
+            arg = np.argmin(both, axis=1)
+            joins.append(arg)
+            total = np.take_along_axis(both, arg[:, None, :], axis=1)[:, 0, :]
         if ckpt:
             total = total + price.b * self.shape.input_bytes.astype(float)[:, None]
         return total, pieces, joins

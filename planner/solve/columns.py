@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 GAP_TOLERANCE = 1e-4  # relative gap at which the answer counts as optimal
 _SEARCH_STEPS = 10  # most bisection steps on log(mu) ...
 _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are this close
+_ILP_GAP = 1e-3  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
 
 
 @dataclass
@@ -174,8 +175,14 @@ class PricedSolve:
         bound = max((r.bound for r in self.priced), default=-np.inf)
         outer = TwoLevel(ip, self.dec)
         outer.points = self._columns()
+        # the outer nodes and segment ends take the choices some priced assignment gave them
+        used: dict[int, set[int]] = {}
+        for r in self.priced:
+            for v in self.dec.outer_nodes + [seg.out for seg in self.dec.segments if seg.out is not None]:
+                used.setdefault(v, set()).add(r.choice[v])
+        outer.allowed = {v: np.array(sorted(c), dtype=np.int64) for v, c in used.items()}
         self.stats["columns"] = float(sum(len(p) for p in outer.points))
-        rnd = outer.outer("time", solver, deadline, best.time_s if best else np.inf, rel_gap=GAP_TOLERANCE)
+        rnd = outer.outer("time", solver, deadline, best.time_s if best else np.inf, rel_gap=_ILP_GAP)
         if rnd.res.x is not None and (best is None or rnd.value < best.time_s):
             gap = max(0.0, (rnd.value - bound) / rnd.value) if rnd.value > 0 else 0.0
             return self._solution(rnd.choice, rnd.ckpt, rnd.value, start, gap, solver, rnd.res.status)

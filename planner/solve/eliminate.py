@@ -1,14 +1,15 @@
 """Exact minimisation of a sum of unary and pairwise costs by variable elimination, with the argmin.
 
-The problems here are chains of ops with a few long-lived tensors (a residual stream): swept in
-topological order, only the choices of nodes that still have edges to unswept nodes need to be held, so
-a dense table over those few nodes' choices is enough. Each step adds one node's axis and its costs,
-then minimises away the nodes no later step needs, remembering where each minimum came from so the
-winning choices can be read back for any values of the nodes kept to the end.
+The costs are factors over one or two nodes' choices. Eliminating a node adds the factors that mention
+it into one table over it and its neighbours and minimises it away, leaving a factor over the neighbours
+(bucket elimination). Nodes go in the order that keeps that table smallest, so a transformer layer's
+q, k and v, which only meet in the attention, are eliminated one at a time rather than held together.
+Each elimination remembers where its minimum came from, so the winning choices can be read back for any
+values of the nodes kept to the end.
 
-    sweep = eliminate(order, sizes, unary, incoming, keep=[a, b])
+    sweep = eliminate(nodes, sizes, unary, incoming, keep=[a, b])
     sweep.value                      # table over the kept nodes' choices (axes in `keep` order)
-    choices = sweep.argmin({a: ia, b: ib})   # every swept node's choice, for batches of kept values
+    choices = sweep.argmin({a: ia, b: ib})   # every other node's choice, for batches of kept values
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ __all__ = ["Sweep", "eliminate"]
 
 @dataclass
 class _Record:
-    kept: list[int]  # nodes whose axes remain after the step, in table order
-    dropped: list[int]
-    shape: tuple[int, ...]  # sizes of the dropped nodes
-    arg: np.ndarray  # flat argmin over the dropped axes, a table over `kept`
+    node: int  # the node minimised away
+    scope: list[int]  # the nodes its minimum depends on
+    arg: np.ndarray  # its minimising choice, a table over `scope`
 
 
 @dataclass
@@ -37,15 +37,27 @@ class Sweep:
     records: list[_Record]
 
     def argmin(self, given: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """The minimising choice of every swept node, for a batch of values of the kept nodes (`given`
+        """The minimising choice of every eliminated node, for a batch of values of the kept nodes (`given`
         maps each node of `axes` to an index array; all arrays have the batch's length)."""
-        vals = dict(given)
+        vals = {k: np.asarray(v) for k, v in given.items()}
+        batch = next(iter(vals.values())).shape if vals else ()
         for rec in reversed(self.records):
-            flat = rec.arg[tuple(vals[a] for a in rec.kept)] if rec.kept else np.broadcast_to(
-                rec.arg, next(iter(vals.values())).shape if vals else ())
-            for node, idx in zip(rec.dropped, np.unravel_index(flat, rec.shape)):
-                vals[node] = np.asarray(idx)
+            idx = rec.arg[tuple(vals[u] for u in rec.scope)] if rec.scope else np.broadcast_to(rec.arg, batch)
+            vals[rec.node] = np.asarray(idx)
         return vals
+
+
+def _combine(factors: list[tuple[list[int], np.ndarray]], scope: list[int], sizes: dict[int, int]) -> np.ndarray:
+    """The sum of `factors`, broadcast over `scope` (every factor's nodes are in scope)."""
+    total = np.zeros(tuple(sizes[u] for u in scope))
+    for nodes, arr in factors:
+        perm = sorted(range(len(nodes)), key=lambda k: scope.index(nodes[k]))
+        arr = np.transpose(arr, perm) if perm != list(range(len(nodes))) else arr
+        shape = [1] * len(scope)
+        for k in perm:
+            shape[scope.index(nodes[k])] = sizes[nodes[k]]
+        total = total + arr.reshape(shape)
+    return total
 
 
 def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarray],
@@ -53,41 +65,37 @@ def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarr
               start: list[int] | tuple[int, ...] = ()) -> Sweep:
     """Minimise sum_v unary[v][c_v] + sum over edges (u -> v) of M[c_u, c_v] over the nodes of `order`.
 
-    order: nodes in an order where every edge's source comes before its destination, except sources in
-        `start` (nodes not swept here, whose axes exist from the beginning: a block's port).
+    order: the nodes to minimise over (their unary costs and incoming edges count); ties in the
+        elimination order follow it.
+    start: nodes outside `order` that edges may come from (a block's port); they count only through
+        those edges.
     incoming[v]: (u, M) with M of shape (sizes[u], sizes[v]).
     keep: nodes (of `start` or `order`) not minimised away: the result is a table over them.
     Infinite costs forbid a choice.
     """
-    step_of = {v: i for i, v in enumerate(order)}
-    last = {v: i for i, v in enumerate(order)}
+    factors: list[tuple[list[int], np.ndarray]] = []
     for v in order:
-        for u, _ in incoming.get(v, ()):
-            last[u] = max(last.get(u, -1), step_of[v])
-    for u in list(keep) + list(start):
-        last[u] = len(order)
-    table = np.zeros(tuple(sizes[u] for u in start))
-    axes = list(start)
-    records: list[_Record] = []
-    for i, v in enumerate(order):
-        nd = len(axes) + 1
-        table = table[..., None] + unary[v].reshape((1,) * (nd - 1) + (-1,))
+        factors.append(([v], np.asarray(unary[v], dtype=float)))
         for u, mat in incoming.get(v, ()):
-            shape = [1] * nd
-            shape[axes.index(u)] = mat.shape[0]
-            shape[-1] = mat.shape[1]
-            table = table + mat.reshape(shape)
-        axes = axes + [v]
-        dropped = [u for u in axes if last[u] <= i]
-        if dropped:
-            kept = [u for u in axes if last[u] > i]
-            perm = [axes.index(u) for u in kept] + [axes.index(u) for u in dropped]
-            moved = np.transpose(table, perm)
-            dshape = moved.shape[len(kept):]
-            flat = moved.reshape(moved.shape[:len(kept)] + (-1,))
-            arg = np.argmin(flat, axis=-1)
-            table = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
-            records.append(_Record(kept, dropped, tuple(int(s) for s in dshape), arg))
-            axes = kept
-    perm = [axes.index(u) for u in keep]
-    return Sweep(np.transpose(table, perm) if perm else table, list(keep), records)
+            factors.append(([u, v], np.asarray(mat, dtype=float)))
+    kept = list(keep)
+    rank = {v: i for i, v in enumerate(order)}
+    todo = [v for v in order if v not in kept]
+    records: list[_Record] = []
+    def table_size(x: int, factors: list[tuple[list[int], np.ndarray]]) -> tuple[float, int]:
+        near = {u for nodes, _ in factors if x in nodes for u in nodes}
+        return float(np.prod([sizes[u] for u in near])), rank[x]
+
+    while todo:
+        x = min(todo, key=lambda v: table_size(v, factors))
+        todo.remove(x)
+        mine = [f for f in factors if x in f[0]]
+        factors = [f for f in factors if x not in f[0]]
+        scope = sorted({u for nodes, _ in mine for u in nodes} - {x}, key=lambda u: (u not in kept, rank.get(u, -1), u))
+        table = _combine(mine, scope + [x], sizes)
+        arg = np.argmin(table, axis=-1)
+        records.append(_Record(x, scope, arg))
+        factors.append((scope, np.take_along_axis(table, arg[..., None], axis=-1)[..., 0]))
+    value = _combine(factors, kept, sizes) if kept else np.asarray(
+        sum(float(arr) for _, arr in factors))
+    return Sweep(value, kept, records)

@@ -59,6 +59,7 @@ class MilpModel:
         self.num_vars = 0
         self.offset = 0.0
         self.trivially_infeasible = False
+        self._zero: list[np.ndarray] = []
 
     @property
     def num_rows(self) -> int:
@@ -72,6 +73,10 @@ class MilpModel:
         self._ub.append(np.full(n, ub, dtype=float))
         self._int.append(np.full(n, integer, dtype=bool))
         return idx
+
+    def fix_zero(self, idx: np.ndarray) -> None:
+        """Fix variables idx to 0 (upper bound 0): options ruled out before the solve."""
+        self._zero.append(np.asarray(idx, dtype=np.int64))
 
     def add_cost(self, idx: np.ndarray, coef: np.ndarray) -> None:
         """Add coef[i] to the objective coefficient of variable idx[i] (repeats accumulate)."""
@@ -101,10 +106,13 @@ class MilpModel:
         if self._cost_idx:
             np.add.at(cost, np.concatenate(self._cost_idx), np.concatenate(self._cost_val))
         lengths = [len(i) for i in self._row_idx]
+        ub = np.concatenate(self._ub) if self._ub else np.zeros(0)
+        if self._zero:
+            ub[np.concatenate(self._zero)] = 0.0
         return {
             "cost": cost,
             "lb": np.concatenate(self._lb) if self._lb else np.zeros(0),
-            "ub": np.concatenate(self._ub) if self._ub else np.zeros(0),
+            "ub": ub,
             "integer": np.concatenate(self._int) if self._int else np.zeros(0, dtype=bool),
             "row_lo": np.array(self._row_lo, dtype=float),
             "row_hi": np.array(self._row_hi, dtype=float),

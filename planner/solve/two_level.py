@@ -101,6 +101,8 @@ class TwoLevel:
         self.dec: Decomposition = decompose(ip) if dec is None else dec
         self._bound: LagrangeBound | None = None
         self.points: list[list[FrontierPoint]] = [[] for _ in self.dec.classes]
+        # node -> the only choices the outer ILP may give it (None: all)
+        self.allowed: dict[int, np.ndarray] | None = None
         self.stats: dict[str, float] = {}
 
     @property
@@ -252,6 +254,9 @@ class TwoLevel:
             b.memory.add(s[v], ip.state[v] + ip.saved[v])
             b.top(s[v], ip.transient[v].astype(float))
         ends = {seg.out: b.one_hot(ip.sizes[seg.out]) for seg in dec.segments if seg.out is not None}
+        for v, vec in list(s.items()) + list(ends.items()):
+            if self.allowed is not None and v in self.allowed and vec[0] != ONE:
+                b.model.fix_zero(np.delete(vec, self.allowed[v]))
 
         def ind(u: int | None) -> np.ndarray:
             return np.array([ONE]) if u is None else (s[u] if u in s else ends[u])
