@@ -326,23 +326,19 @@ def test_a_time_limit_returns_the_best_plan_found_with_its_gap(models: Path, tmp
     assert f"{solver.status} in" in summary and "gap" in summary
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "plan() turns a mesh whose solve stopped at the time limit with no answer (status 'error') into an "
-    "InfeasibleError without a budget, so the CLI says no budget fits (exit 3); it should say the time limit "
-    "was hit and to raise --time-limit (planner/api.py _fit drops the solver's message)"))
 def test_a_time_limit_with_no_plan_found_says_raise_the_limit(monkeypatch: pytest.MonkeyPatch,
                                                               capfd: pytest.CaptureFixture[str]) -> None:
-    import planner.api as api
+    import planner.plan_meshes as plan_meshes
 
     def stopped(problem: object, **options: object) -> Solution:  # what solve() returns when stopped empty
         return Solution(status="error", solver="highs",
                         message="no answer within time_limit=0.01 s (stopped); raise time_limit")
 
-    monkeypatch.setattr(api, "_solve_within", stopped)
+    monkeypatch.setattr(plan_meshes, "solve", stopped)  # the mesh workers are forked: they see the patch
     code, _, err = _run(["plan", "mlp", *PLAN, "--time-limit", "0.01"], capfd)
     assert code == 2
-    _one_error_line(err, "")
-    assert "time" in err and "limit" in err and "no budget fits" not in err
+    _one_error_line(err, "no plan for mlp on 2 ranks: mesh 2(x): no answer within time_limit=0.01 s (stopped); "
+                         "raise time_limit")
 
 
 # --- plan --out never leaves a partial file ---------------------------------------------------------------
