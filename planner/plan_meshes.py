@@ -28,6 +28,7 @@ from planner.solve import Progress, Solution, solve
 __all__ = ["MeshResult", "plan_mesh", "plan_meshes"]
 
 _FIT_ROUNDS = 4  # solves per mesh at most: the budget, then tightened by the plan's excess
+_LEAST_ROUNDS = 2  # fits just below the least-memory plan's peak, looking for a smaller budget that fits
 _GRACE_S = 5.0  # past time_limit per solve, before a worker is stopped
 
 
@@ -44,13 +45,10 @@ class MeshResult:
     error: str = ""
 
 
-def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
-              budget: int, *, solver: str, time_limit: float) -> MeshResult:
-    """Build, solve and assemble one mesh (see the module docstring)."""
-    try:
-        built = build(mesh)
-    except SchemeUnavailable as e:
-        return MeshResult(mesh, unavailable=str(e))
+def _fit(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan], budget: int, solver: str,
+         time_limit: float) -> tuple[Solution, Plan | None]:
+    """Solve under `budget`, tightening the solver's budget by the plan's excess until the plan fits:
+    (solution, plan that fits) or (last solution, None)."""
     problem = built.problem
     cap, seconds = budget, 0.0
     try:
@@ -59,32 +57,55 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
             sol = solve(problem, solver=solver, time_limit=time_limit)
             seconds += sol.seconds
             sol.seconds = seconds
-            if sol.status in ("optimal", "feasible"):
-                p = assemble(built, sol)
-                if p.predicted.peak_memory_bytes <= budget:
-                    return MeshResult(mesh, p, sol.objective)
-                cap -= max(p.predicted.peak_memory_bytes - budget, 1)
-                if cap <= 0:
-                    break
-                continue
-            break
-        if sol.status in ("optimal", "feasible") or (sol.status == "infeasible" and cap != budget):
-            # the least-memory search of a tightened budget may differ from an untightened one's: ask
-            # the budget-independent question, so the budget reported here is one that re-planning meets
-            problem.budget_bytes = 0
-            sol = solve(problem, solver=solver, time_limit=time_limit)
-        if sol.status == "infeasible" and sol.choice:
-            # the least-memory assignment: its exact peak is a budget that fits
-            sol.status, sol.message = "feasible", "the least-memory assignment (tighter budgets found none)"
+            if sol.status not in ("optimal", "feasible"):
+                break
             p = assemble(built, sol)
             if p.predicted.peak_memory_bytes <= budget:
-                return MeshResult(mesh, p, sol.objective)
-            return MeshResult(mesh, least=p.predicted.peak_memory_bytes)
-        if sol.status == "infeasible":
-            return MeshResult(mesh, least=sol.min_feasible_budget)
-        return MeshResult(mesh, error=sol.message or f"solver status {sol.status}")
+                return sol, p
+            cap -= max(p.predicted.peak_memory_bytes - budget, 1)
+            if cap <= 0:
+                break
+        return sol, None
     finally:
         problem.budget_bytes = budget
+
+
+def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
+              budget: int, *, solver: str, time_limit: float) -> MeshResult:
+    """Build, solve and assemble one mesh (see the module docstring)."""
+    try:
+        built = build(mesh)
+    except SchemeUnavailable as e:
+        return MeshResult(mesh, unavailable=str(e))
+    sol, p = _fit(built, assemble, budget, solver, time_limit)
+    if p is not None:
+        return MeshResult(mesh, p, sol.objective)
+    if sol.status not in ("optimal", "feasible", "infeasible"):
+        return MeshResult(mesh, error=sol.message or f"solver status {sol.status}")
+    # Nothing fits. The least-memory assignment of the solver's model (asked with budget 0, so the
+    # answer does not depend on this budget) fits its plan's exact peak; a few fits just below that
+    # look for a smaller one, since the plan's accounting sees more than the solver's model.
+    problem = built.problem
+    try:
+        problem.budget_bytes = 0
+        least = solve(problem, solver=solver, time_limit=time_limit)
+    finally:
+        problem.budget_bytes = budget
+    if not least.choice:
+        return MeshResult(mesh, least=least.min_feasible_budget)
+    least.status, least.message = "feasible", "the least-memory assignment"
+    found = assemble(built, least)
+    if found.predicted.peak_memory_bytes <= budget:
+        return MeshResult(mesh, found, least.objective)
+    smallest = found.predicted.peak_memory_bytes
+    for _ in range(_LEAST_ROUNDS):  # the same steps as when the budget was reported: re-planning meets it
+        sol, q = _fit(built, assemble, smallest - 1, solver, time_limit)
+        if q is None:
+            break
+        if q.predicted.peak_memory_bytes <= budget:
+            return MeshResult(mesh, q, sol.objective)
+        smallest = q.predicted.peak_memory_bytes
+    return MeshResult(mesh, least=smallest)
 
 
 def _cost_rank(mesh: Mesh) -> int:
@@ -104,7 +125,7 @@ def plan_meshes(meshes: list[Mesh], job: Callable[[Mesh], MeshResult], *, time_l
         with Progress(progress, f"planner: planning {len(meshes)} mesh shape(s)"):
             return [job(m) for m in meshes]
     ctx = mp.get_context("fork")
-    deadline_s = _FIT_ROUNDS * (time_limit + _GRACE_S) + 60.0
+    deadline_s = (_FIT_ROUNDS * (_LEAST_ROUNDS + 1) + 1) * (time_limit + _GRACE_S)
     order = sorted(range(len(meshes)), key=lambda i: _cost_rank(meshes[i]))
     results: dict[int, MeshResult] = {}
     running: dict[int, tuple[mp.Process, object, float]] = {}
