@@ -26,7 +26,7 @@ from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
-from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_costs, op_signature
+from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import HEAVY_SCHEMES, OpCost, SavedTensor, Strategy
 from planner.graph import ModelGraph
 from planner.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode
@@ -250,7 +250,14 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
                 for s in strategies[src]:
                     seen[_out_layout(s, prod, op)] = None
                 cands.append(list(seen))
-            found, reasons = enumerate_strategies(op, mesh, cands)
+            try:
+                found, reasons = enumerate_strategies(op, mesh, cands)
+            except StrategyError:
+                # none of the layouts its producers can hand it suits this op (e.g. a reshape after linears
+                # restricted to fsdp): also offer it replicated inputs, the conversion priced on the edge
+                cands = [c if any(lay.is_replicated() for lay in c) else c + [Layout.replicated(len(meta.shape))]
+                         for c, meta in zip(cands, op.input_meta)]
+                found, reasons = enumerate_strategies(op, mesh, cands)
             found, reasons = _restrict(op, found, reasons, schemes)
             if not found:
                 raise AssertionError(f"no strategy at all for {op.name} ({op.kind}); the cost model must offer one")
