@@ -159,12 +159,9 @@ def linear_scheme(a: Assignment) -> LinearScheme:
         roles = _opt(a, "T", ())
     elif name in ("2d", "3d", "3d_allreduce"):
         roles = _opt(a, "roles", ())
-    save = _opt(a, "save_input", "gathered")
-    if name == "1d_col" and save == "shard":
-        raise ApplyError("the plan uses 1d_col with sequence parallelism saving the input shard, which the "
-                         "layers3d ParallelLinear does not implement; re-plan without it")
+    # "shard": keep the input shard and all-gather it again in backward (1d_col with sp, 2d, 3d)
     return LinearScheme(name, tuple(roles), dp=_opt(a, "dp"), sp=bool(_opt(a, "sp", False)),
-                        save_input=save if name == "3d" else "gathered",
+                        save_input=_opt(a, "save_input", "gathered"),
                         weight_shard=bool(_opt(a, "weight_shard", False)))
 
 

@@ -21,7 +21,23 @@ pytestmark = pytest.mark.distributed
 
 TOL = 1e-5
 STEPS = 5
-CASES = (*UNIFORM_SCHEMES, "mixed")
+CASES = (*UNIFORM_SCHEMES, "mixed", "saved_shards")
+
+
+def _shard_rule(op_name: str, module_path: str, kind: str, s: Any) -> bool:
+    """Linears that keep their input shard and gather it again in backward: attention 2d, the MLP's first
+    linear 1d_col with sequence parallelism (its second 1d_row with sp), the head 1d_col."""
+    if kind == "linear":
+        if ".attn." in module_path:
+            return s.scheme == "2d" and s.option("save_input") == "shard"
+        if module_path.endswith("c_fc"):
+            return s.scheme == "1d_col" and bool(s.option("sp")) and s.option("save_input") == "shard"
+        if ".mlp." in module_path:
+            return s.scheme == "1d_row" and bool(s.option("sp"))
+        return s.scheme == "1d_col"
+    if kind == "embedding":
+        return s.scheme == "vocab" if module_path.endswith("wte") else s.scheme == "replicate"
+    return True
 
 
 def _build() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
@@ -39,6 +55,7 @@ def results() -> dict[str, dict[str, Any]]:
     graph = capture(model, inputs)  # also warms up capture before the ranks fork
     plans = {s: uniform_plan(graph, s) for s in UNIFORM_SCHEMES}
     plans["mixed"] = mixed_plan(capture(model, inputs))
+    plans["saved_shards"] = mixed_plan(capture(model, inputs), checkpoint=(), rule=_shard_rule)
     ref = dense_reference(_build, STEPS)
     per_rank = run_ranks(_ranks, 8, timeout_s=600, args=(plans, ref))
     for r in per_rank[1:]:
@@ -57,6 +74,9 @@ def test_uniform_plans_use_their_scheme(results: dict[str, dict[str, Any]]) -> N
     assert {a.scheme for a in mixed.assignments if ".attn." in a.module_path and a.kind == "linear"} == {"3d"}
     assert {a.scheme for a in mixed.assignments if ".mlp." in a.module_path and a.kind == "linear"} == {"3d_allreduce"}
     assert {a.scheme for a in mixed.assignments if a.kind == "cross_entropy"} == {"vocab"}
+    shards = results["saved_shards"]["plan"]
+    kept = {(a.scheme, a.options.get("save_input")) for a in shards.assignments if a.kind == "linear"}
+    assert {("2d", "shard"), ("1d_col", "shard")} <= kept, kept
 
 
 @pytest.mark.parametrize("case", CASES)
