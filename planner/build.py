@@ -24,6 +24,7 @@ import numpy as np
 from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
+from cost_models.memory import conversion_working_set
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
@@ -163,12 +164,14 @@ def _renamed(costs: list[OpCost], t: OpNode, op: OpNode) -> list[OpCost]:
     return out
 
 
-def _add_edge(edge_mats: dict, pair: tuple[str, str], cost: np.ndarray, rec: np.ndarray) -> None:
+def _add_edge(edge_mats: dict, pair: tuple[str, str], cost: np.ndarray, rec: np.ndarray, work: np.ndarray) -> None:
+    """Accumulate an op-level edge into its decision pair: times add up, working sets take the larger."""
     if pair in edge_mats:
         edge_mats[pair][0][:] += cost
         edge_mats[pair][1][:] += rec
+        np.maximum(edge_mats[pair][2], work, out=edge_mats[pair][2])
     else:
-        edge_mats[pair] = (cost.copy(), rec.copy())
+        edge_mats[pair] = (cost.copy(), rec.copy(), work.copy())
 
 
 def _restrict(op: OpNode, strategies: list[Strategy], reasons: list[str], allowed: frozenset[str] | None):
@@ -329,7 +332,7 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
             lvs = [strategies[op.name][k].inputs[arg] for k in dv.members[kv]]
             ulu, iu = _distinct(lus)
             ulv, iv = _distinct(lvs)
-            small = np.zeros((2, len(ulu), len(ulv)))
+            small = np.zeros((3, len(ulu), len(ulv)))
             for a, lu in enumerate(ulu):
                 for b, lv in enumerate(ulv):
                     if lv is None or lu == lv:
@@ -337,16 +340,19 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
                     key = (meta.shape, meta.dtype, lu, lv, flows[src])
                     if key not in memo:
                         ec = edge_cost(meta, lu, lv, mesh, hw, grad=flows[src])
-                        memo[key] = (ec.seconds, ec.fwd_seconds)
+                        work = max(conversion_working_set(steps, meta.shape, meta.itemsize, mesh)
+                                   for steps in (ec.forward, ec.backward))
+                        memo[key] = (ec.seconds, ec.fwd_seconds, work)
                     small[:, a, b] = memo[key]
             cost = small[0][np.ix_(iu, iv)]
             rec = small[1][np.ix_(iu, iv)]
-            if not cost.any() and not rec.any():
+            work = small[2][np.ix_(iu, iv)].astype(np.int64)
+            if not cost.any() and not rec.any() and not work.any():
                 edge_of[(op.name, arg)] = None
                 continue
-            edge_of[(op.name, arg)] = (cost, rec)
-            _add_edge(edge_mats, (du.name, dv.name), cost, rec)
-    pedges = [ProblemEdge(u, v, c, r) for (u, v), (c, r) in edge_mats.items()]
+            edge_of[(op.name, arg)] = (cost, rec, work)
+            _add_edge(edge_mats, (du.name, dv.name), cost, rec, work)
+    pedges = [ProblemEdge(u, v, c, r, w if w.any() else None) for (u, v), (c, r, w) in edge_mats.items()]
 
     # --- 4: blocks ---------------------------------------------------------------------------------
     pblocks: list[Block] = []

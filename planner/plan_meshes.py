@@ -50,9 +50,12 @@ def _fit(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan]
     """Solve under `budget`, tightening the solver's budget by the plan's excess until the plan fits:
     (solution, plan that fits) or (last solution, None)."""
     problem = built.problem
-    cap, seconds = budget, 0.0
+    shrink, seconds = 0, 0.0
     try:
         for _ in range(_FIT_ROUNDS):
+            cap = budget - shrink
+            if cap <= 0:
+                break
             problem.budget_bytes = cap
             sol = solve(problem, solver=solver, time_limit=time_limit)
             seconds += sol.seconds
@@ -62,9 +65,8 @@ def _fit(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan]
             p = assemble(built, sol)
             if p.predicted.peak_memory_bytes <= budget:
                 return sol, p
-            cap -= max(p.predicted.peak_memory_bytes - budget, 1)
-            if cap <= 0:
-                break
+            # tighten by the excess, at least doubling: the next answer may carry a larger working set
+            shrink = max(shrink + p.predicted.peak_memory_bytes - budget, 2 * shrink)
         return sol, None
     finally:
         problem.budget_bytes = budget

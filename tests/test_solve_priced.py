@@ -97,3 +97,31 @@ def test_priced_is_exact_when_the_fastest_assignment_fits() -> None:
     priced, ref = solve(problem, method="priced"), brute_force(problem)
     assert priced.status == "optimal" and priced.gap == 0.0
     assert priced.objective == pytest.approx(ref.objective, rel=1e-9)
+
+
+def _with_conversion_work(problem, rng: np.random.Generator):
+    """Give some edges conversion working sets (a max-term candidate per choice pair)."""
+    for e in problem.edges:
+        if rng.random() < 0.5:
+            e.transient_bytes = (rng.random(e.cost_s.shape) < 0.5) * rng.integers(0, 3000, e.cost_s.shape)
+    return problem
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_conversion_working_sets_count_in_every_solver(seed: int) -> None:
+    rng = np.random.default_rng(5000 + seed)
+    problem = _with_conversion_work(repeated_blocks(rng, n_blocks=3, block_nodes=3, choices=2, residual=seed % 2 == 0,
+                                                    budget_fraction=float(rng.uniform(0.4, 0.9))), rng)
+    ref = brute_force(problem)
+    for method in ("flat", "two_level"):
+        sol = solve(problem, method=method)
+        assert sol.status == ref.status, method
+        if ref.status == "optimal":
+            assert sol.objective == pytest.approx(ref.objective, rel=1e-9) and sol.peak_bytes <= problem.budget_bytes
+        else:
+            assert sol.min_feasible_budget == ref.min_feasible_budget, method
+    priced = solve(problem, method="priced")
+    if ref.status == "optimal":
+        assert priced.peak_bytes <= problem.budget_bytes and priced.objective >= ref.objective * (1 - 1e-9)
+    else:
+        assert priced.status == "infeasible" and priced.min_feasible_budget >= ref.min_feasible_budget

@@ -214,6 +214,10 @@ class BlockDP:
         for v, (cost, r) in self.port.items():
             time += cost[p, choice[:, v]]
             rec += r[p, choice[:, v]]
+        for (s, d), work in sh.internal_work.items():  # conversion working sets join the max term
+            trans = np.maximum(trans, work[choice[:, s], choice[:, d]])
+        for d, work in sh.port_work.items():
+            trans = np.maximum(trans, work[p, choice[:, d]])
         add = np.where(ckpt, state + sh.input_bytes[p], state + saved)
         top = np.where(ckpt, np.maximum(trans, saved), trans)
         return add, top, np.where(ckpt, time + rec, time)

@@ -50,6 +50,9 @@ def brute_force(problem: Problem) -> Solution:
     state = sum((ip.state[v][grid[:, v]] for v in range(ip.n)), np.zeros(len(grid), dtype=np.int64))
     all_saved = sum(saved, np.zeros(len(grid), dtype=np.int64))
     transient = np.max(np.stack([ip.transient[v][grid[:, v]] for v in range(ip.n)]), axis=0) if ip.n else 0
+    for e in ip.edges:  # conversion working sets
+        if e.transient is not None:
+            transient = np.maximum(transient, e.transient[grid[:, e.src], grid[:, e.dst]])
     block_saved, block_rec, block_kept = [], [], []
     for b, members in enumerate(ip.block_nodes):
         block_saved.append(sum((saved[v] for v in members), np.zeros(len(grid), dtype=np.int64)))

@@ -81,13 +81,20 @@ def _shape(ip: IndexedProblem, b: int, port: int | None, out: int | None) -> Blo
     members = ip.block_nodes[b]
     pos = {v: i for i, v in enumerate(members)}
     internal, from_port = [], []
+    internal_work: dict[tuple[int, int], np.ndarray] = {}
+    port_work: dict[int, np.ndarray] = {}
     for e in ip.edges:
         if ip.block_of[e.dst] != b:
             continue
         if ip.block_of[e.src] == b:
             internal.append((pos[e.src], pos[e.dst], e.cost, e.recompute))
+            if e.transient is not None:
+                internal_work[(pos[e.src], pos[e.dst])] = e.transient
         else:
             from_port.append((pos[e.dst], e.cost, e.recompute))
+            if e.transient is not None:
+                port_work[pos[e.dst]] = e.transient if pos[e.dst] not in port_work else np.maximum(
+                    port_work[pos[e.dst]], e.transient)
     return BlockShape(
         sizes=[ip.sizes[v] for v in members], time=[ip.time[v] for v in members],
         recompute=[ip.recompute[v] for v in members], state=[ip.state[v] for v in members],
@@ -96,6 +103,7 @@ def _shape(ip: IndexedProblem, b: int, port: int | None, out: int | None) -> Blo
         port_size=1 if port is None else ip.sizes[port], out_pos=None if out is None else pos[out],
         input_bytes=(ip.input_bytes[b] if ip.block_input[b] is not None
                      else np.full(1 if port is None else ip.sizes[port], ip.input_bytes[b][0])),
+        internal_work=internal_work, port_work=port_work,
     )
 
 
@@ -107,7 +115,10 @@ def _signature(shape: BlockShape, has_port: bool) -> tuple:
                   zip(shape.time, shape.recompute, shape.state, shape.saved, shape.transient))
     internal = tuple((s, d, c.shape, arr(c), arr(r)) for s, d, c, r in shape.internal)
     port = tuple((d, c.shape, arr(c), arr(r)) for d, c, r in shape.from_port)
-    return (tuple(shape.sizes), nodes, internal, port, has_port, shape.port_size, shape.out_pos, arr(shape.input_bytes))
+    work = (tuple((k, arr(w)) for k, w in sorted(shape.internal_work.items())),
+            tuple((k, arr(w)) for k, w in sorted(shape.port_work.items())))
+    return (tuple(shape.sizes), nodes, internal, port, has_port, shape.port_size, shape.out_pos, arr(shape.input_bytes),
+            work)
 
 
 def decompose(ip: IndexedProblem) -> Decomposition:

@@ -33,7 +33,9 @@ def evaluate_indexed(
         kept += int(ip.input_bytes[b][0 if src is None else choice[src]])
         recomputed = max(recomputed, sum(int(ip.saved[v][choice[v]]) for v in ip.block_nodes[b]))
     max_transient = max((int(ip.transient[v][c]) for v, c in enumerate(choice)), default=0)
-    transient = max(max_transient, recomputed)
+    conversion = max((int(e.transient[choice[e.src], choice[e.dst]]) for e in ip.edges if e.transient is not None),
+                     default=0)
+    transient = max(max_transient, conversion, recomputed)
     peak = state + saved + kept + transient
     time_s = node_s + edge_s + recompute_s
     breakdown: dict[str, float] = {
@@ -47,6 +49,7 @@ def evaluate_indexed(
         "kept_input_bytes": kept,
         "transient_bytes": transient,
         "max_op_transient_bytes": max_transient,
+        "max_conversion_bytes": conversion,
         "recomputed_bytes": recomputed,
     }
     return time_s, peak, breakdown

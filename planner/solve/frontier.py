@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,6 +60,10 @@ class BlockShape:
     port_size: int
     out_pos: int | None
     input_bytes: np.ndarray
+    # conversion working sets: (src_pos, dst_pos) -> bytes[src choice, dst choice]; dst_pos -> bytes[port
+    # choice, dst choice] for edges from the port
+    internal_work: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    port_work: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,14 +204,19 @@ def _sweep(shape: BlockShape, plan: SweepPlan, p: int, ckpt: bool, with_time: bo
         cs = np.tile(np.arange(size), len(vals))
         step_t = shape.time[v] + plan.port[v][0][p] + ((shape.recompute[v] + plan.port[v][1][p]) if ckpt else 0.0)
         dt = step_t[cs]
+        work = np.zeros(len(cs))
         for s, cost, rec in plan.incoming[v]:
             src = keys[rep, prev.index(s)]
             dt = dt + (cost + rec if ckpt else cost)[src, cs]
+            if (s, v) in shape.internal_work:
+                work = np.maximum(work, shape.internal_work[(s, v)][src, cs])
+        if v in shape.port_work:
+            work = np.maximum(work, shape.port_work[v][p, cs])
         new = vals[rep]
         new[:, 0] += (shape.state[v] + (0 if ckpt else shape.saved[v]))[cs]
         if ckpt:
             new[:, 1] += shape.saved[v][cs]
-        new[:, 2] = np.maximum(new[:, 2], shape.transient[v][cs])
+        new[:, 2] = np.maximum(np.maximum(new[:, 2], shape.transient[v][cs]), work)
         if with_time:
             new[:, 3] += dt
         cols = [cs if u == v else keys[rep, prev.index(u)] for u in live]

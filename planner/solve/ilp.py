@@ -12,7 +12,8 @@ Formulation (memory in units of `IndexedProblem.memory_unit()` bytes, time scale
   v's saved bytes (-saved·y), adds its recompute time, keeps the input node's input_bytes, and gives the
   recompute term T >= sum_{v in b} saved_v·y_v. Edges into or inside b pay their recompute matrix on pair
   variables built from the two and-vectors in the same way as plain edges.
-* T >= sum_p transient_v[p]·s_v[p] for every node; memory = state + saved - dropped + kept + T <= budget.
+* T >= sum_p transient_v[p]·s_v[p] for every node, T >= sum_{p,q} transient_e[p, q]·e[p, q] for every edge
+  whose conversions need memory (pair variables as above); memory = state + saved - dropped + kept + T <= budget.
 """
 
 from __future__ import annotations
@@ -121,6 +122,26 @@ class IlpBuilder:
             self._marginal(e[:, q], ind_v[q])
         into.add(e.ravel(), mat.ravel())
 
+    def pair_top(self, ind_u: np.ndarray, ind_v: np.ndarray, work: np.ndarray | None) -> None:
+        """T >= work[p, q] when u takes p and v takes q (a conversion's working set), for one-hot vectors."""
+        if work is None or not np.any(work):
+            return
+        if len(ind_u) == 1 and ind_u[0] == ONE:
+            self.top(ind_v, work[0].astype(float))
+            return
+        if len(ind_v) == 1 and ind_v[0] == ONE:
+            self.top(ind_u, work[:, 0].astype(float))
+            return
+        n_u, n_v = work.shape
+        e = self.model.add_vars(n_u * n_v).reshape(n_u, n_v)
+        for p in range(n_u):
+            self._marginal(e[p, :], ind_u[p])
+        for q in range(n_v):
+            self._marginal(e[:, q], ind_v[q])
+        expr = LinExpr()
+        expr.add(e.ravel(), work.ravel().astype(float))
+        self.tops.append((expr, float(work.max())))
+
     def _marginal(self, pair_vars: np.ndarray, target: int) -> None:
         ones = np.ones(len(pair_vars))
         if target == ONE:
@@ -180,6 +201,7 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
         b.top(s[v], ip.transient[v].astype(float))
     for e in ip.edges:
         b.pair_cost(s[e.src], s[e.dst], e.cost, b.time)
+        b.pair_top(s[e.src], s[e.dst], e.transient)
     flags: list[int] = []
     if ip.checkpointing:
         for blk, members in enumerate(ip.block_nodes):

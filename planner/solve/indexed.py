@@ -30,6 +30,7 @@ class IndexedEdge:
     dst: int
     cost: np.ndarray
     recompute: np.ndarray
+    transient: np.ndarray | None = None  # int64 working-set bytes per choice pair (None: all zero)
 
 
 def _finite(values: np.ndarray, what: str) -> None:
@@ -115,12 +116,20 @@ class IndexedProblem:
                         f"(choices of {e.src} x choices of {e.dst})"
                     )
                 _finite(mat, f"edge {e.src}->{e.dst} {what}")
-            if (src, dst) in merged:
-                merged[(src, dst)][0] = merged[(src, dst)][0] + cost
-                merged[(src, dst)][1] = merged[(src, dst)][1] + rec
+            work = None
+            if e.transient_bytes is not None:
+                work = np.asarray(e.transient_bytes)
+                if work.shape != shape:
+                    raise ProblemError(f"edge {e.src}->{e.dst} transient_bytes has shape {work.shape}; expected {shape}")
+                work = _bytes_array(work, f"edge {e.src}->{e.dst} transient_bytes")
+                work = work if work.any() else None
+            if (src, dst) in merged:  # times add up; working sets do not coexist: the larger counts
+                m = merged[(src, dst)]
+                m[0], m[1] = m[0] + cost, m[1] + rec
+                m[2] = work if m[2] is None else (m[2] if work is None else np.maximum(m[2], work))
             else:
-                merged[(src, dst)] = [cost, rec]
-        self.edges: list[IndexedEdge] = [IndexedEdge(s, d, m[0], m[1]) for (s, d), m in merged.items()]
+                merged[(src, dst)] = [cost, rec, work]
+        self.edges: list[IndexedEdge] = [IndexedEdge(s, d, m[0], m[1], m[2]) for (s, d), m in merged.items()]
 
     def _read_blocks(self) -> None:
         self.block_names: list[str] = []
@@ -183,6 +192,7 @@ class IndexedProblem:
         """An upper bound on the bytes of any memory term (for choosing the ILP's memory unit)."""
         per_node = [int(s.max() + v.max() + t.max()) for s, v, t in zip(self.state, self.saved, self.transient)]
         total = sum(per_node) + sum(int(b.max()) for b in self.input_bytes)
+        total += max((int(e.transient.max()) for e in self.edges if e.transient is not None), default=0)
         return max(total, self.budget, 1)
 
     def memory_unit(self) -> int:

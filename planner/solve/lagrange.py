@@ -232,7 +232,8 @@ class LagrangeBound:
     def __init__(self, ip: IndexedProblem, dec: Decomposition) -> None:
         self.ip, self.dec = ip, dec
         self.floor = max((float(t.min()) for t in ip.transient), default=0.0)
-        values = [t.astype(float) for t in ip.transient] + [np.array([self.floor])]
+        values = [t.astype(float) for t in ip.transient] + [np.array([self.floor])] + [
+            e.transient.ravel().astype(float) for e in ip.edges if e.transient is not None]  # conversions
         grid0 = np.unique(np.concatenate(values))
         self.classes = [_ClassGrid(c.shape, ip.checkpointing, grid0) for c in dec.classes]
         top = max([float(grid0.max())] + [float(c.s_values().max(initial=0.0)) for c in self.classes])

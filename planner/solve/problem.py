@@ -12,6 +12,7 @@ Memory model (per rank, bytes), for a choice of one option per node and a set C 
          + sum_{v not in a block of C} saved[v]               (saved activations)
          + sum_{b in C} input_bytes[b][choice of b.input_node] (a checkpointed block keeps its input)
          + max( max_v transient[v],                            (largest temporary buffer)
+                max_e transient[e][choice(src), choice(dst)],  (a layout conversion's working set)
                 max_{b in C} sum_{v in b} saved[v] )           (a checkpointed block's recomputed
                                                                 activations, alive during its backward)
 
@@ -52,12 +53,15 @@ class ProblemNode:
 class ProblemEdge:
     """Data flowing from node `src` to node `dst`; cost_s[i, j] is the redistribution time (forward +
     backward) when src takes choice i and dst choice j; recompute_s[i, j] the extra when dst's block is
-    checkpointed (the forward part runs again)."""
+    checkpointed (the forward part runs again); transient_bytes[i, j] the working set of that
+    conversion (its staging buffers and output), a candidate for the max term (None: no conversion
+    needs memory)."""
 
     src: str
     dst: str
     cost_s: np.ndarray
     recompute_s: np.ndarray
+    transient_bytes: np.ndarray | None = None
 
 
 @dataclass

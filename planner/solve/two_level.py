@@ -264,6 +264,7 @@ class TwoLevel:
         for e in ip.edges:
             if ip.block_of[e.dst] < 0:
                 b.pair_cost(ind(e.src), s[e.dst], e.cost, b.time)
+                b.pair_top(ind(e.src), s[e.dst], e.transient)
         levels: dict[int, int] = {}
         counts = []
         for seg in dec.segments:
