@@ -79,7 +79,8 @@ def mixed_plan(graph: ModelGraph, checkpoint: Sequence[str] = ("transformer.h.1"
             raise AssertionError(f"no strategy of {head.name} ({head.kind}) satisfies the mixed-plan rule")
         cost = np.zeros(n_choices)
         for e in incoming.get(d.name, []):
-            cost += e.cost_s[choice[e.src], :]
+            if e.src in choice:  # a producer decided later (a follower joined an earlier group) is not priced here
+                cost += e.cost_s[choice[e.src], :]
         choice[d.name] = min(allowed, key=lambda c: (cost[c], c))
     assert len(choice) == len(index)
     sol = Solution("optimal", choice=choice, checkpointed=list(checkpoint), method="rule")

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 GAP_TOLERANCE = 1e-4  # relative gap at which the answer counts as optimal
 _SEARCH_STEPS = 10  # most bisection steps on log(mu) ...
 _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are this close
+_CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
 _ILP_GAP = 1e-3  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
 
 
@@ -154,7 +155,9 @@ class PricedSolve:
             else:
                 lo, mu = mu, mu * 10
         if hi is None:  # nothing priced fits: the least-memory assignment decides feasibility
-            self.evaluate(Price(0.0, 1.0, 1.0))
+            least = self.evaluate(Price(0.0, 1.0, 1.0))
+            for cap in self._caps(least.choice):
+                self.evaluate(Price(0.0, 1.0, 1.0, cap))
         else:
             for _ in range(_SEARCH_STEPS):
                 if time.perf_counter() > deadline or (lo > 0 and hi / lo < _SEARCH_RATIO):
@@ -166,7 +169,22 @@ class PricedSolve:
                 else:
                     lo = mid
             self.evaluate(Price(1.0, hi, hi))  # blocks that also keep their recompute peak low
+            best = min((r for r in self.priced if r.peak <= ip.budget), key=lambda r: r.time_s)
+            for cap in self._caps(best.choice):  # a smaller max term leaves room for more additive bytes
+                if time.perf_counter() > deadline:
+                    break
+                for mu in (hi, hi / 4):
+                    self.evaluate(Price(1.0, mu, 0.0, cap))
         return self._finish(start, deadline, solver)
+
+    def _caps(self, choice: list[int]) -> list[float]:
+        """Up to _CAPS transient levels just below the largest op transient of `choice`: prices with these
+        caps give columns (and outer choices) that trade a smaller max term for time or additive bytes."""
+        ip = self.ip
+        top = max((int(ip.transient[v][c]) for v, c in enumerate(choice)), default=0)
+        levels = np.unique(np.concatenate([t for t in ip.transient]))
+        below = levels[levels < top]
+        return [float(x) for x in below[::-1][:_CAPS]]
 
     def _finish(self, start: float, deadline: float, solver: str) -> Solution:
         ip = self.ip
