@@ -83,6 +83,7 @@ class BlockDP:
         self.sizes = {v: s for v, s in enumerate(shape.sizes)} | {PORT: shape.port_size}
         self.internal = shape.internal
         self.port = {v: plan.port[v] for v in range(self.n) if plan.port[v][0].any() or plan.port[v][1].any()}
+        self.uses_port = set(self.port) | set(shape.port_work)  # nodes with an edge from the port
         self.order, live = self._order()
         self.pieces = self._cut(live)
 
@@ -124,10 +125,10 @@ class BlockDP:
         for i in range(len(self.order) - 1):
             if len(live[i]) == 1 and live[i][0] != self.out and live[i][0] != carried:
                 nodes = self.order[start:i + 1]
-                pieces.append((carried, nodes, live[i][0], carried != PORT and any(v in self.port for v in nodes)))
+                pieces.append((carried, nodes, live[i][0], carried != PORT and any(v in self.uses_port for v in nodes)))
                 carried, start = live[i][0], i + 1
         nodes = self.order[start:]
-        pieces.append((carried, nodes, self.out, carried != PORT and any(v in self.port for v in nodes)))
+        pieces.append((carried, nodes, self.out, carried != PORT and any(v in self.uses_port for v in nodes)))
         return pieces
 
     def _sweep_inputs(self, price: Price, ckpt: bool) -> tuple[dict, dict]:
@@ -140,9 +141,14 @@ class BlockDP:
             unary[v] = np.where(sh.transient[v] <= price.cap, w, np.inf)
         incoming: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in range(self.n)}
         for s, d, cost, rec in self.internal:
-            incoming[d].append((s, a * (cost + rec) if ckpt else a * cost))
-        for v, (cost, rec) in self.port.items():
-            incoming[v].append((PORT, a * (cost + rec) if ckpt else a * cost))
+            mat = a * (cost + rec) if ckpt else a * cost
+            work = sh.internal_work.get((s, d))
+            incoming[d].append((s, mat if work is None else np.where(work <= price.cap, mat, np.inf)))
+        for v in set(self.port) | set(sh.port_work):
+            cost, rec = self.port.get(v, (np.zeros((sh.port_size, sh.sizes[v])),) * 2)
+            mat = a * (cost + rec) if ckpt else a * cost
+            work = sh.port_work.get(v)
+            incoming[v].append((PORT, mat if work is None else np.where(work <= price.cap, mat, np.inf)))
         return unary, incoming
 
     def _one(self, price: Price, ckpt: bool) -> tuple[np.ndarray, list, list]:

@@ -100,7 +100,10 @@ class PricedSolve:
                 unary[node], incoming[node] = np.zeros(cost.shape[1]), [(seg.port, steps[-1][0])]
         for e in ip.edges:
             if ip.block_of[e.dst] < 0:
-                incoming[e.dst].append((e.src, price.a * e.cost))
+                mat = price.a * e.cost
+                if e.transient is not None:
+                    mat = np.where(e.transient <= price.cap, mat, np.inf)
+                incoming[e.dst].append((e.src, mat))
         ids = list(sizes)
         pos = {v: i for i, v in enumerate(ids)}
         order = topological_order(len(ids), [(pos[u], pos[v]) for v in ids for u, _ in incoming[v]])
@@ -178,11 +181,13 @@ class PricedSolve:
         return self._finish(start, deadline, solver)
 
     def _caps(self, choice: list[int]) -> list[float]:
-        """Up to _CAPS transient levels just below the largest op transient of `choice`: prices with these
-        caps give columns (and outer choices) that trade a smaller max term for time or additive bytes."""
+        """Up to _CAPS transient levels just below the largest op or conversion transient of `choice`: prices
+        with these caps give columns (and outer choices) that trade a smaller max term for time or bytes."""
         ip = self.ip
-        top = max((int(ip.transient[v][c]) for v, c in enumerate(choice)), default=0)
-        levels = np.unique(np.concatenate([t for t in ip.transient]))
+        works = [e for e in ip.edges if e.transient is not None]
+        top = max([int(ip.transient[v][c]) for v, c in enumerate(choice)]
+                  + [int(e.transient[choice[e.src], choice[e.dst]]) for e in works], default=0)
+        levels = np.unique(np.concatenate([t for t in ip.transient] + [e.transient.ravel() for e in works]))
         below = levels[levels < top]
         return [float(x) for x in below[::-1][:_CAPS]]
 
