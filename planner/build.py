@@ -174,6 +174,17 @@ def _add_edge(edge_mats: dict, pair: tuple[str, str], cost: np.ndarray, rec: np.
         edge_mats[pair] = (cost.copy(), rec.copy(), work.copy())
 
 
+# the uniform plans a user can ask for with schemes=[...]: the solver also tries each one throughout
+UNIFORM_GROUPS = [("replicate",), ("fsdp",), ("1d_col", "1d_row"), ("2d",), ("3d",), ("3d_allreduce",)]
+
+
+def _labels(d: Decision, strategies: dict[str, list[Strategy]]) -> list[str] | None:
+    """The heavy scheme of each choice of a decision led by a heavy op (None for other decisions)."""
+    head = strategies[d.ops[0]]
+    labels = [head[k].scheme for k in d.members[0]]
+    return labels if any(x in HEAVY_SCHEMES for x in labels) else None
+
+
 def _restrict(op: OpNode, strategies: list[Strategy], reasons: list[str], allowed: frozenset[str] | None):
     """Keep only allowed heavy schemes, when the op offers any of them."""
     if allowed is None:
@@ -286,7 +297,7 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
             if dt.ops == t_ops and dt.members == d.members:
                 same_decision[d.name] = dt.name
                 priced[d.name] = priced[dt.name]
-                pnodes.append(ProblemNode(d.name, list(priced[d.name]), d.block))
+                pnodes.append(ProblemNode(d.name, list(priced[d.name]), d.block, _labels(d, strategies)))
                 continue
         choices = []
         for c in range(len(d.members[0])):
@@ -303,7 +314,7 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
                 transient_bytes=max((x.transient_bytes for x in oc), default=0),
             ))
         priced[d.name] = choices
-        pnodes.append(ProblemNode(d.name, choices, d.block))
+        pnodes.append(ProblemNode(d.name, choices, d.block, _labels(d, strategies)))
 
     edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
     memo: dict[tuple, tuple[float, float]] = {}
@@ -375,6 +386,7 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
                 input_bytes.append(lay.local_numel(meta.shape, mesh) * meta.itemsize)
         pblocks.append(Block(b.name, members, input_node, input_bytes, b.cls))
 
-    problem = Problem(pnodes, pedges, pblocks, int(budget_bytes), checkpointing=checkpointing)
+    problem = Problem(pnodes, pedges, pblocks, int(budget_bytes), checkpointing=checkpointing,
+                      uniform_groups=UNIFORM_GROUPS)
     return BuiltProblem(mesh, problem, list(decisions.values()), strategies, costs, not_offered,
                         decision_of, unsupported)

@@ -71,7 +71,7 @@ def _enumerated(shape, checkpointing: bool) -> set:
                 top = max(int(shape.transient[v][c]) for v, c in enumerate(choice))
                 add = state + (int(shape.input_bytes[p]) if ckpt else saved)
                 q = choice[shape.out_pos]
-                rows.setdefault((p, q), []).append((add, max(top, saved) if ckpt else top, t))
+                rows.setdefault((p, q), []).append((add, top + saved if ckpt else top, t))  # recompute peak
     out = set()
     for (p, q), vals in rows.items():
         arr = np.array(vals, dtype=float)

@@ -17,7 +17,7 @@ import numpy as np
 from planner.solve.eliminate import Sweep, eliminate
 from planner.solve.frontier import BlockShape, FrontierPoint, plan_sweep
 
-__all__ = ["Price", "BlockDP", "BlockTable"]
+__all__ = ["Price", "BlockDP", "BlockTable", "allowed"]
 
 PORT = -1  # node id of the block's port in the sweeps
 
@@ -25,12 +25,22 @@ PORT = -1  # node id of the block's port in the sweeps
 @dataclass(frozen=True)
 class Price:
     """Weights of one scalarisation: a per second, b per additive byte, c per byte a checkpointed block
-    recomputes (its candidate for the max term); choices with a transient above `cap` are forbidden."""
+    recomputes (its candidate for the max term); choices with a transient above `cap` are forbidden, and
+    with `only` a labelled node keeps the options with those labels (a uniform-scheme search)."""
 
     a: float
     b: float
     c: float = 0.0
     cap: float = np.inf
+    only: tuple[str, ...] = ()  # labels: a labelled node with options so labelled takes one of them
+
+
+def allowed(labels: np.ndarray | None, only: tuple[str, ...]) -> np.ndarray | None:
+    """The options a node may take under `only` (None: all)."""
+    if not only or labels is None:
+        return None
+    mask = np.isin(labels, only)
+    return mask if mask.any() else None
 
 
 @dataclass
@@ -139,6 +149,9 @@ class BlockDP:
             mem = sh.state[v] + (0 if ckpt else sh.saved[v])
             w = a * time + price.b * mem.astype(float) + (price.c * sh.saved[v] if ckpt else 0.0)
             unary[v] = np.where(sh.transient[v] <= price.cap, w, np.inf)
+            mask = allowed(sh.labels[v] if sh.labels else None, price.only)
+            if mask is not None:
+                unary[v] = np.where(mask, unary[v], np.inf)
         incoming: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in range(self.n)}
         for s, d, cost, rec in self.internal:
             mat = a * (cost + rec) if ckpt else a * cost
@@ -225,5 +238,5 @@ class BlockDP:
         for d, work in sh.port_work.items():
             trans = np.maximum(trans, work[p, choice[:, d]])
         add = np.where(ckpt, state + sh.input_bytes[p], state + saved)
-        top = np.where(ckpt, np.maximum(trans, saved), trans)
+        top = np.where(ckpt, saved + trans, trans)  # a checkpointed block's recompute peak (problem.py)
         return add, top, np.where(ckpt, time + rec, time)

@@ -49,13 +49,15 @@ def brute_force(problem: Problem) -> Solution:
     base_time = sum(node_t, np.zeros(len(grid))) + sum(edge_t, np.zeros(len(grid)))
     state = sum((ip.state[v][grid[:, v]] for v in range(ip.n)), np.zeros(len(grid), dtype=np.int64))
     all_saved = sum(saved, np.zeros(len(grid), dtype=np.int64))
-    transient = np.max(np.stack([ip.transient[v][grid[:, v]] for v in range(ip.n)]), axis=0) if ip.n else 0
+    work = [ip.transient[v][grid[:, v]] for v in range(ip.n)]  # per node: its or a conversion's into it
     for e in ip.edges:  # conversion working sets
         if e.transient is not None:
-            transient = np.maximum(transient, e.transient[grid[:, e.src], grid[:, e.dst]])
-    block_saved, block_rec, block_kept = [], [], []
+            work[e.dst] = np.maximum(work[e.dst], e.transient[grid[:, e.src], grid[:, e.dst]])
+    transient = np.max(np.stack(work), axis=0) if ip.n else 0
+    block_saved, block_peak, block_rec, block_kept = [], [], [], []
     for b, members in enumerate(ip.block_nodes):
         block_saved.append(sum((saved[v] for v in members), np.zeros(len(grid), dtype=np.int64)))
+        block_peak.append(block_saved[-1] + np.max(np.stack([work[v] for v in members]), axis=0))
         rec = sum((node_r[v] for v in members), np.zeros(len(grid)))
         rec = rec + sum((r for r, e in zip(edge_r, ip.edges) if ip.block_of[e.dst] == b), np.zeros(len(grid)))
         block_rec.append(rec)
@@ -75,7 +77,7 @@ def brute_force(problem: Problem) -> Solution:
         mem = mem + sum((block_kept[b] for b in subset), np.zeros(len(grid), dtype=np.int64))
         top = transient
         for b in subset:
-            top = np.maximum(top, block_saved[b])
+            top = np.maximum(top, block_peak[b])  # the recompute peak
         peak = mem + top
         i = int(np.argmin(peak))
         if least is None or peak[i] < least[0]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.solve.block_dp import BlockDP, BlockTable, Price
+from planner.solve.block_dp import BlockDP, BlockTable, Price, allowed
 from planner.solve.decompose import Decomposition
 from planner.solve.driver import infeasible_or_fallback
 from planner.solve.eliminate import eliminate
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 GAP_TOLERANCE = 1e-4  # relative gap at which the answer counts as optimal
 _SEARCH_STEPS = 10  # most bisection steps on log(mu) ...
 _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are this close
+_UNIFORM_STEPS = 4  # prices per uniform-scheme search
 _CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
 _ILP_GAP = 1e-3  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
 
@@ -83,6 +84,9 @@ class PricedSolve:
         for v in dec.outer_nodes:
             w = price.a * ip.time[v] + price.b * (ip.state[v] + ip.saved[v]).astype(float)
             sizes[v], unary[v], incoming[v] = ip.sizes[v], np.where(ip.transient[v] <= price.cap, w, np.inf), []
+            mask = allowed(ip.labels[v], price.only)
+            if mask is not None:
+                unary[v] = np.where(mask, unary[v], np.inf)
         powers = []
         for k, seg in enumerate(dec.segments):
             cost = tables[seg.cls].cost
@@ -134,7 +138,7 @@ class PricedSolve:
                 boundary.append((seg.cls, int(p), int(q), bool(flag)))
         time_s, peak, _ = evaluate_indexed(ip, choice, ckpt)
         value = float(sweep.value)
-        valid = price.a == 1.0 and price.c == 0.0 and price.cap == np.inf  # see the module docstring
+        valid = price.a == 1.0 and price.c == 0.0 and price.cap == np.inf and not price.only  # module docstring
         bound = value + price.b * (self.floor - ip.budget) if valid else -np.inf
         out = _Priced(price, choice, sorted(ckpt), boundary, time_s, peak, bound)
         self.priced.append(out)
@@ -157,10 +161,13 @@ class PricedSolve:
                 hi = mu
             else:
                 lo, mu = mu, mu * 10
+        groups = self._groups()
         if hi is None:  # nothing priced fits: the least-memory assignment decides feasibility
             least = self.evaluate(Price(0.0, 1.0, 1.0))
             for cap in self._caps(least.choice):
                 self.evaluate(Price(0.0, 1.0, 1.0, cap))
+            for group in groups:  # a uniform scheme may need less memory than the mixed least-memory plan
+                self.evaluate(Price(0.0, 1.0, 1.0, only=group))
         else:
             for _ in range(_SEARCH_STEPS):
                 if time.perf_counter() > deadline or (lo > 0 and hi / lo < _SEARCH_RATIO):
@@ -178,7 +185,34 @@ class PricedSolve:
                     break
                 for mu in (hi, hi / 4):
                     self.evaluate(Price(1.0, mu, 0.0, cap))
+            for group in groups:
+                if time.perf_counter() > deadline:
+                    break
+                self._uniform(group, hi)
         return self._finish(start, deadline, solver)
+
+    def _groups(self) -> list[tuple[str, ...]]:
+        """The problem's uniform label groups that some node offers."""
+        present = {x for labels in self.ip.labels if labels is not None for x in labels}
+        return [g for g in self.ip.problem.uniform_groups if present & set(g)]
+
+    def _uniform(self, group: tuple[str, ...], mu: float) -> None:
+        """A short price search with every labelled node on `group`: its blocks join the columns, so the
+        mix is never worse than what one scheme throughout would give (up to this search's own gap)."""
+        ip = self.ip
+        lo, hi = None, None
+        for _ in range(_UNIFORM_STEPS):
+            r = self.evaluate(Price(1.0, mu, only=group))
+            if r.peak <= ip.budget:
+                hi = mu
+                if lo is not None and hi / lo < 2.5:
+                    break
+                mu = mu / 3 if lo is None else np.sqrt(lo * hi)
+            else:
+                lo = mu
+                mu = mu * 3 if hi is None else np.sqrt(lo * hi)
+        if hi is None:
+            self.evaluate(Price(0.0, 1.0, 1.0, only=group))
 
     def _caps(self, choice: list[int]) -> list[float]:
         """Up to _CAPS transient levels just below the largest op or conversion transient of `choice`: prices

@@ -103,7 +103,7 @@ def _shape(ip: IndexedProblem, b: int, port: int | None, out: int | None) -> Blo
         port_size=1 if port is None else ip.sizes[port], out_pos=None if out is None else pos[out],
         input_bytes=(ip.input_bytes[b] if ip.block_input[b] is not None
                      else np.full(1 if port is None else ip.sizes[port], ip.input_bytes[b][0])),
-        internal_work=internal_work, port_work=port_work,
+        internal_work=internal_work, port_work=port_work, labels=[ip.labels[v] for v in members],
     )
 
 
@@ -117,8 +117,9 @@ def _signature(shape: BlockShape, has_port: bool) -> tuple:
     port = tuple((d, c.shape, arr(c), arr(r)) for d, c, r in shape.from_port)
     work = (tuple((k, arr(w)) for k, w in sorted(shape.internal_work.items())),
             tuple((k, arr(w)) for k, w in sorted(shape.port_work.items())))
+    labels = tuple(None if x is None else tuple(x) for x in shape.labels)
     return (tuple(shape.sizes), nodes, internal, port, has_port, shape.port_size, shape.out_pos, arr(shape.input_bytes),
-            work)
+            work, labels)
 
 
 def decompose(ip: IndexedProblem) -> Decomposition:

@@ -28,13 +28,20 @@ def evaluate_indexed(
     saved = sum(int(ip.saved[v][c]) for v, c in enumerate(choice) if not in_ckpt[v])
     kept = 0
     recomputed = 0
+    work = [int(ip.transient[v][c]) for v, c in enumerate(choice)]  # per node: its or a conversion's into it
+    conversion = 0
+    for e in ip.edges:
+        if e.transient is not None:
+            w = int(e.transient[choice[e.src], choice[e.dst]])
+            conversion = max(conversion, w)
+            work[e.dst] = max(work[e.dst], w)
     for b in ckpt:
         src = ip.block_input[b]
         kept += int(ip.input_bytes[b][0 if src is None else choice[src]])
-        recomputed = max(recomputed, sum(int(ip.saved[v][choice[v]]) for v in ip.block_nodes[b]))
+        members = ip.block_nodes[b]
+        recomputed = max(recomputed, sum(int(ip.saved[v][choice[v]]) for v in members)
+                         + max(work[v] for v in members))
     max_transient = max((int(ip.transient[v][c]) for v, c in enumerate(choice)), default=0)
-    conversion = max((int(e.transient[choice[e.src], choice[e.dst]]) for e in ip.edges if e.transient is not None),
-                     default=0)
     transient = max(max_transient, conversion, recomputed)
     peak = state + saved + kept + transient
     time_s = node_s + edge_s + recompute_s

@@ -64,6 +64,7 @@ class BlockShape:
     # choice, dst choice] for edges from the port
     internal_work: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     port_work: dict[int, np.ndarray] = field(default_factory=dict)
+    labels: list[np.ndarray | None] = field(default_factory=list)  # per position: a label per choice, or None
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,7 @@ def block_frontier(shape: BlockShape, *, checkpointing: bool, with_time: bool = 
             keys, vals, asg = _sweep(shape, plan, p, ckpt, with_time, hook, max_labels, deadline)
             q = keys[:, 0] if keys.shape[1] else np.zeros(len(vals), dtype=np.int64)
             add = vals[:, 0] + (float(shape.input_bytes[p]) if ckpt else 0.0)
-            top = np.maximum(vals[:, 1], vals[:, 2])
+            top = (vals[:, 1] + vals[:, 2]) if ckpt else vals[:, 2]  # the recompute peak (problem.py)
             rows.append(np.stack([q, add, top, vals[:, 3]], axis=1))
             meta += [(int(qq), ckpt, tuple(int(x) for x in a[inverse])) for qq, a in zip(q, asg)]
         if not rows:

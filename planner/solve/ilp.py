@@ -114,13 +114,7 @@ class IlpBuilder:
             into.add(ind_u, parts[0])
             into.add(ind_v, parts[1])
             return
-        n_u, n_v = mat.shape
-        e = self.model.add_vars(n_u * n_v).reshape(n_u, n_v)
-        for p in range(n_u):
-            self._marginal(e[p, :], ind_u[p])
-        for q in range(n_v):
-            self._marginal(e[:, q], ind_v[q])
-        into.add(e.ravel(), mat.ravel())
+        into.add(self.pair_vars(ind_u, ind_v).ravel(), mat.ravel())
 
     def pair_top(self, ind_u: np.ndarray, ind_v: np.ndarray, work: np.ndarray | None) -> None:
         """T >= work[p, q] when u takes p and v takes q (a conversion's working set), for one-hot vectors."""
@@ -132,15 +126,20 @@ class IlpBuilder:
         if len(ind_v) == 1 and ind_v[0] == ONE:
             self.top(ind_u, work[:, 0].astype(float))
             return
-        n_u, n_v = work.shape
+        expr = LinExpr()
+        expr.add(self.pair_vars(ind_u, ind_v).ravel(), work.ravel().astype(float))
+        self.tops.append((expr, float(work.max())))
+
+    def pair_vars(self, ind_u: np.ndarray, ind_v: np.ndarray) -> np.ndarray:
+        """e[p, q] = ind_u[p]·ind_v[q] for vectors with the same sum (one-hot, or and-vectors of one flag):
+        continuous variables with both marginals, exact for integer indicators."""
+        n_u, n_v = len(ind_u), len(ind_v)
         e = self.model.add_vars(n_u * n_v).reshape(n_u, n_v)
         for p in range(n_u):
             self._marginal(e[p, :], ind_u[p])
         for q in range(n_v):
             self._marginal(e[:, q], ind_v[q])
-        expr = LinExpr()
-        expr.add(e.ravel(), work.ravel().astype(float))
-        self.tops.append((expr, float(work.max())))
+        return e
 
     def _marginal(self, pair_vars: np.ndarray, target: int) -> None:
         ones = np.ones(len(pair_vars))
@@ -214,12 +213,28 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
                     ands[v] = b.and_vector(s[v], c)
                 return ands[v]
 
-            recomputed = LinExpr()
+            saved_max = float(sum(int(ip.saved[v].max()) for v in members))
             for v in members:
                 b.time.add(land(v), ip.recompute[v])
                 b.memory.add(land(v), -ip.saved[v].astype(float))
-                recomputed.add(land(v), ip.saved[v].astype(float))
-            b.tops.append((recomputed, float(sum(int(ip.saved[v].max()) for v in members))))
+
+            def recomputed(members: list[int] = members, land=land) -> LinExpr:
+                """The block's recomputed activations when it is checkpointed."""
+                expr = LinExpr()
+                for v in members:
+                    expr.add(land(v), ip.saved[v].astype(float))
+                return expr
+
+            # the recompute peak: those activations beside each op's working set (problem.py)
+            for v in members:
+                expr = recomputed()
+                expr.add(land(v), ip.transient[v].astype(float))
+                b.tops.append((expr, saved_max + float(ip.transient[v].max())))
+            for e in ip.edges:
+                if ip.block_of[e.dst] == blk and e.transient is not None:
+                    expr = recomputed()
+                    expr.add(b.pair_vars(land(e.src), land(e.dst)).ravel(), e.transient.ravel().astype(float))
+                    b.tops.append((expr, saved_max + float(e.transient.max())))
             src = ip.block_input[blk]
             b.memory.add(np.array([c]) if src is None else land(src), ip.input_bytes[blk].astype(float))
             for e in ip.edges:

@@ -67,6 +67,11 @@ class IndexedProblem:
                 raise ProblemError(f"node name {name!r} appears twice; node names must be unique")
             self.index[name] = i
         self._read_nodes()
+        self.labels: list[np.ndarray | None] = []
+        for node in problem.nodes:
+            if node.labels is not None and len(node.labels) != len(node.choices):
+                raise ProblemError(f"node {node.name!r} has {len(node.labels)} labels for {len(node.choices)} choices")
+            self.labels.append(None if node.labels is None else np.array(node.labels, dtype=object))
         self._read_edges()
         self._read_blocks()
 

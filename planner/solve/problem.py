@@ -13,8 +13,11 @@ Memory model (per rank, bytes), for a choice of one option per node and a set C 
          + sum_{b in C} input_bytes[b][choice of b.input_node] (a checkpointed block keeps its input)
          + max( max_v transient[v],                            (largest temporary buffer)
                 max_e transient[e][choice(src), choice(dst)],  (a layout conversion's working set)
-                max_{b in C} sum_{v in b} saved[v] )           (a checkpointed block's recomputed
-                                                                activations, alive during its backward)
+                max_{b in C} ( sum_{v in b} saved[v]           (a checkpointed block's recomputed
+                               + max_{v in b} work[v] ) )      activations, alive during its backward
+                                                               beside the working set of each of its ops)
+    where work[v] = max(transient[v], transient[e] of the edges e into v): an upper bound of the plan's
+    accounting, which adds to each op only the activations recomputed up to it.
 
 Time (seconds of one training step):
 
@@ -44,9 +47,13 @@ class Choice:
 
 @dataclass
 class ProblemNode:
+    """A decision: its options, its block, and optionally a label per option (the scheme of its heavy
+    op): a solver may look for good assignments that use one group of labels throughout."""
+
     name: str
     choices: list[Choice]
     block: str | None = None
+    labels: list[str] | None = None
 
 
 @dataclass
@@ -84,6 +91,8 @@ class Problem:
     blocks: list[Block]
     budget_bytes: int
     checkpointing: bool = True
+    # groups of labels (e.g. ("1d_col", "1d_row")) worth trying on every labelled node at once
+    uniform_groups: list[tuple[str, ...]] = field(default_factory=list)
 
 
 @dataclass
