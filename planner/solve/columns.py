@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -44,6 +44,7 @@ GAP_TOLERANCE = 1e-4  # relative gap at which the answer counts as optimal
 _SEARCH_STEPS = 10  # most bisection steps on log(mu) ...
 _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are this close
 _UNIFORM_STEPS = 4  # prices per uniform-scheme search
+_CAPS_TIGHT = 6  # ... and when no price alone gives a plan that fits
 _CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
 _ILP_GAP = 1e-3  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
 
@@ -153,31 +154,24 @@ class PricedSolve:
         fastest = self.evaluate(Price(1.0, scale * 1e-9))
         if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
             return self._answer(fastest, start, "optimal", 0.0, "")
-        lo, hi = 0.0, None
-        mu = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
-        while hi is None and mu < scale * 1e8 and time.perf_counter() < deadline:
-            r = self.evaluate(Price(1.0, mu))
-            if r.peak <= ip.budget:
-                hi = mu
-            else:
-                lo, mu = mu, mu * 10
+        mu0 = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
+        hi = self._search(mu0, scale * 1e8, Price(1.0, 0.0), _SEARCH_STEPS, deadline)
         groups = self._groups()
-        if hi is None:  # nothing priced fits: the least-memory assignment decides feasibility
+        if hi is None:
+            # nothing priced fits: the max term (transients, recompute peaks), which prices do not see,
+            # must shrink: searches under transient caps, the least-memory assignments, uniform schemes
             least = self.evaluate(Price(0.0, 1.0, 1.0))
-            for cap in self._caps(least.choice):
-                self.evaluate(Price(0.0, 1.0, 1.0, cap))
-            for group in groups:  # a uniform scheme may need less memory than the mixed least-memory plan
-                self.evaluate(Price(0.0, 1.0, 1.0, only=group))
-        else:
-            for _ in range(_SEARCH_STEPS):
-                if time.perf_counter() > deadline or (lo > 0 and hi / lo < _SEARCH_RATIO):
+            for cap in self._caps(least.choice, _CAPS_TIGHT):
+                if time.perf_counter() > deadline:
                     break
-                mid = np.sqrt(lo * hi) if lo > 0 else hi / 10
-                r = self.evaluate(Price(1.0, mid))
-                if r.peak <= ip.budget:
-                    hi = mid
-                else:
-                    lo = mid
+                if self._search(mu0, scale * 1e8, Price(1.0, 0.0, cap=cap), 3, deadline) is None:
+                    self.evaluate(Price(0.0, 1.0, 1.0, cap))
+            for group in groups:  # a uniform scheme may need less memory than the mixed least-memory plan
+                if time.perf_counter() > deadline:
+                    break
+                if self._search(mu0, scale * 1e8, Price(1.0, 0.0, only=group), 3, deadline) is None:
+                    self.evaluate(Price(0.0, 1.0, 1.0, only=group))
+        else:
             self.evaluate(Price(1.0, hi, hi))  # blocks that also keep their recompute peak low
             best = min((r for r in self.priced if r.peak <= ip.budget), key=lambda r: r.time_s)
             for cap in self._caps(best.choice):  # a smaller max term leaves room for more additive bytes
@@ -190,6 +184,28 @@ class PricedSolve:
                     break
                 self._uniform(group, hi)
         return self._finish(start, deadline, solver)
+
+    def _search(self, mu: float, top: float, base: Price, steps: int, deadline: float) -> float | None:
+        """The cheapest price (of `base` with b = mu) whose minimiser fits: grow mu tenfold until one fits,
+        then bisect on log(mu) for at most `steps` steps. None when none fits below `top`."""
+        ip = self.ip
+        lo, hi = 0.0, None
+        while hi is None and mu < top and time.perf_counter() < deadline:
+            if self.evaluate(replace(base, b=mu)).peak <= ip.budget:
+                hi = mu
+            else:
+                lo, mu = mu, mu * 10
+        if hi is None:
+            return None
+        for _ in range(steps):
+            if time.perf_counter() > deadline or (lo > 0 and hi / lo < _SEARCH_RATIO):
+                break
+            mid = np.sqrt(lo * hi) if lo > 0 else hi / 10
+            if self.evaluate(replace(base, b=mid)).peak <= ip.budget:
+                hi = mid
+            else:
+                lo = mid
+        return hi
 
     def _groups(self) -> list[tuple[str, ...]]:
         """The problem's uniform label groups that some node offers."""
@@ -214,7 +230,7 @@ class PricedSolve:
         if hi is None:
             self.evaluate(Price(0.0, 1.0, 1.0, only=group))
 
-    def _caps(self, choice: list[int]) -> list[float]:
+    def _caps(self, choice: list[int], most: int = 0) -> list[float]:
         """Up to _CAPS transient levels just below the largest op or conversion transient of `choice`: prices
         with these caps give columns (and outer choices) that trade a smaller max term for time or bytes."""
         ip = self.ip
@@ -223,7 +239,7 @@ class PricedSolve:
                   + [int(e.transient[choice[e.src], choice[e.dst]]) for e in works], default=0)
         levels = np.unique(np.concatenate([t for t in ip.transient] + [e.transient.ravel() for e in works]))
         below = levels[levels < top]
-        return [float(x) for x in below[::-1][:_CAPS]]
+        return [float(x) for x in below[::-1][:most or _CAPS]]
 
     def _finish(self, start: float, deadline: float, solver: str) -> Solution:
         ip = self.ip
