@@ -19,7 +19,7 @@ from planner.capture import capture
 from planner.units import format_bytes
 
 UNIFORM = ["replicate", "fsdp", "1d", "2d", "3d", "3d_allreduce"]
-DEFAULT_BUDGETS = {"gpt2-xl": "2GiB,4GiB,8GiB,16GiB,32GiB", "gpt3-175b": "24GiB,40GiB,60GiB,80GiB,160GiB"}
+DEFAULT_BUDGETS = {"gpt2-xl": "1GiB,2GiB,4GiB,8GiB,16GiB,32GiB", "gpt3-175b": "48GiB,60GiB,80GiB,120GiB,160GiB"}
 
 
 def step_ms(graph, budget: int, world: int, **kw) -> float | None:
