@@ -23,6 +23,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,7 +44,8 @@ if PROFILE not in ("default", "extended"):
     raise ValueError(f"PLANNER_HYPOTHESIS={PROFILE!r}: use 'default' or 'extended'")
 EXTENDED = PROFILE == "extended"
 HARDWARE = "cpu-gloo"
-TIME_LIMIT_S = 2.0         # per mesh shape: a plan stopped by it is still feasible, with a gap
+TIME_LIMIT_S = 30.0        # per mesh shape: a cap only (these solves take well under a second), so the
+                           # plans do not depend on how loaded the machine is
 UNLIMITED = 1 << 40        # 1 TiB per rank: nothing binds
 TOL = 1e-5                 # relative error of the applied plan against the dense model (fp32)
 
@@ -169,3 +171,19 @@ def test_applied_feasible_plans_equal_the_dense_model(config: Config, world: int
         assert r["state_keys_equal"] and r["nonfloat_equal"]
         assert r["state_error"] <= TOL, (r["worst_state"], r["state_error"])
         assert r["measured_comm"] == r["predicted_comm"]
+
+
+@pytest.mark.distributed
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug, found by the extended run: this plan (1-layer GPT, width 8, 2 heads, 4 ranks on 2x2) puts "
+    "c_attn on 1d_col over xy with q/k/v interleaved, which splits each head's 4 features 2 ways; the "
+    "applied model's gradients then differ from dense (ln_1.bias 2.5e-3 relative). Likely a layout rule of "
+    "the attention's view/transpose/matmul chain when a head is split; when fixed this test passes and "
+    "the mark must go"))
+def test_a_plan_that_splits_attention_heads_equals_dense() -> None:
+    config = Config(kind="gpt", n_layer=1, width=8, extra=2, batch=2, seq=4, vocab=16)
+    p = Plan.load(Path(__file__).parent / "data" / "gpt_heads_split_plan.json")
+    ref = dense_reference(functools.partial(config.build, "cpu"), 1)
+    for r in run_ranks(_apply_rank, 4, timeout_s=300, args=(config, p, ref)):
+        assert r["grad_error"] <= TOL, (r["worst_grad"], r["grad_error"])
+
