@@ -43,9 +43,10 @@ log = logging.getLogger(__name__)
 GAP_TOLERANCE = 1e-4  # relative gap at which the answer counts as optimal
 _SEARCH_STEPS = 10  # most bisection steps on log(mu) ...
 _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are this close
+_UNIFORM_STEPS = 4  # prices per uniform-scheme search
 _CAPS_TIGHT = 6  # ... and when no price alone gives a plan that fits
 _CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
-_ILP_GAP = 1e-5  # the column ILP stops within this of its own optimum
+_ILP_GAP = 1e-3  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
 
 
 @dataclass
@@ -181,7 +182,7 @@ class PricedSolve:
             for group in groups:
                 if time.perf_counter() > deadline:
                     break
-                self._uniform(group, hi, deadline)
+                self._uniform(group, hi)
         return self._finish(start, deadline, solver)
 
     def _search(self, mu: float, top: float, base: Price, steps: int, deadline: float) -> float | None:
@@ -211,20 +212,23 @@ class PricedSolve:
         present = {x for labels in self.ip.labels if labels is not None for x in labels}
         return [g for g in self.ip.problem.uniform_groups if present & set(g)]
 
-    def _uniform(self, group: tuple[str, ...], mu: float, deadline: float) -> None:
-        """The price search with every labelled node on `group` (as the main search: bisection, recompute
-        prices, caps): its blocks join the columns, so the mix is not worse than one scheme throughout."""
+    def _uniform(self, group: tuple[str, ...], mu: float) -> None:
+        """A short price search with every labelled node on `group`: its blocks join the columns, so the
+        mix is never worse than what one scheme throughout would give (up to this search's own gap)."""
         ip = self.ip
-        top = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1) * 1e8
-        hi = self._search(mu / 10, top, Price(1.0, 0.0, only=group), _SEARCH_STEPS, deadline)
+        lo, hi = None, None
+        for _ in range(_UNIFORM_STEPS):
+            r = self.evaluate(Price(1.0, mu, only=group))
+            if r.peak <= ip.budget:
+                hi = mu
+                if lo is not None and hi / lo < 2.5:
+                    break
+                mu = mu / 3 if lo is None else np.sqrt(lo * hi)
+            else:
+                lo = mu
+                mu = mu * 3 if hi is None else np.sqrt(lo * hi)
         if hi is None:
             self.evaluate(Price(0.0, 1.0, 1.0, only=group))
-            return
-        self.evaluate(Price(1.0, hi, hi, only=group))
-        fits = [r for r in self.priced if r.peak <= ip.budget and r.price.only == group]
-        for cap in self._caps(min(fits, key=lambda r: r.time_s).choice):
-            for m in (hi, hi / 4):
-                self.evaluate(Price(1.0, m, 0.0, cap, only=group))
 
     def _caps(self, choice: list[int], most: int = 0) -> list[float]:
         """Up to _CAPS transient levels just below the largest op or conversion transient of `choice`: prices
@@ -251,7 +255,10 @@ class PricedSolve:
                 used.setdefault(v, set()).add(r.choice[v])
         outer.allowed = {v: np.array(sorted(c), dtype=np.int64) for v, c in used.items()}
         self.stats["columns"] = float(sum(len(p) for p in outer.points))
-        rnd = outer.outer("time", solver, deadline, best.time_s if best else np.inf, rel_gap=_ILP_GAP)
+        # the ILP gets at most twice the search's time (at least a second): past that its improvements over
+        # the best priced plan are small, and some column sets make HiGHS slow to prove optimality
+        ilp_deadline = min(deadline, time.perf_counter() + max(1.0, 2.0 * (time.perf_counter() - start)))
+        rnd = outer.outer("time", solver, ilp_deadline, best.time_s if best else np.inf, rel_gap=_ILP_GAP)
         if rnd.res.x is not None and (best is None or rnd.value < best.time_s):
             gap = max(0.0, (rnd.value - bound) / rnd.value) if rnd.value > 0 else 0.0
             return self._solution(rnd.choice, rnd.ckpt, rnd.value, start, gap, solver, rnd.res.status)
