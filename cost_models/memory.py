@@ -27,7 +27,7 @@ from cost_models.strategy import OpCost, SavedTensor
 
 __all__ = ["BYTES_PER_PARAM", "MemoryModelError", "DEVICE_KINDS", "dropout_mask_itemsize", "norm_stats_itemsize", "model_state_bytes",
            "unique_saved_bytes", "peak_bytes", "resolve_bytes_per_param",
-           "conversion_working_set"]
+           "conversion_working_set", "conversion_pair_working_set"]
 
 # Bytes of model state per parameter element:
 #   fp32_adam:  4 param + 4 grad + 4 Adam m + 4 Adam v
@@ -122,3 +122,11 @@ def conversion_working_set(steps: Sequence[Step], shape: Sequence[int], itemsize
             staging = 0
         most = max(most, first + (before if i else 0) + staging + after)
     return most
+
+
+def conversion_pair_working_set(forward: Sequence[Step], backward: Sequence[Step], shape: Sequence[int],
+                                 itemsize: int, mesh: Mesh) -> int:
+    """The working set of a layout conversion and of its gradient's conversion back: the larger of the two
+    (they never run at once). What the planner prices per edge and the plan's accounting adds to an op."""
+    return max(conversion_working_set(steps, shape, itemsize, mesh) for steps in (forward, backward))
+

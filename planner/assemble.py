@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
-from cost_models.memory import conversion_working_set
+from cost_models.memory import conversion_pair_working_set
 from planner.build import BuiltProblem, _out_layout
 from planner.graph import ModelGraph
 from planner.plan_format import (
@@ -88,8 +88,8 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             s0, f0, b0, fb0 = into.get(op.name, (0.0, 0.0, 0, 0))
             fwd_bytes = sum(c.bytes for c in ec.collectives if c.phase == "forward")
             into[op.name] = (s0 + secs, f0 + ec.fwd_seconds, b0 + nbytes, fb0 + fwd_bytes)
-            edge_ws[op.name] = max(edge_ws.get(op.name, 0), *(
-                conversion_working_set(steps, meta.shape, meta.itemsize, mesh) for steps in (ec.forward, ec.backward)))
+            edge_ws[op.name] = max(edge_ws.get(op.name, 0), conversion_pair_working_set(
+                ec.forward, ec.backward, meta.shape, meta.itemsize, mesh))
 
     # Recomputed activations of a checkpointed block alive while one of its ops is differentiated: those
     # of the ops up to and including it (in forward order; the later ones are freed by then).

@@ -24,7 +24,7 @@ import numpy as np
 from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
-from cost_models.memory import conversion_working_set
+from cost_models.memory import conversion_pair_working_set
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
@@ -318,7 +318,8 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
 
     edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
     memo: dict[tuple, tuple[float, float]] = {}
-    edge_of: dict[tuple[str, int], tuple[np.ndarray, np.ndarray] | None] = {}  # (op, arg) -> its matrices
+    # (op, arg) -> its (cost, recompute, working set) matrices, None when all zero
+    edge_of: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
     flows = grad_flow(graph.nodes)
     for op in graph.nodes:
         dv = decisions[decision_of[op.name]]
@@ -351,8 +352,7 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
                     key = (meta.shape, meta.dtype, lu, lv, flows[src])
                     if key not in memo:
                         ec = edge_cost(meta, lu, lv, mesh, hw, grad=flows[src])
-                        work = max(conversion_working_set(steps, meta.shape, meta.itemsize, mesh)
-                                   for steps in (ec.forward, ec.backward))
+                        work = conversion_pair_working_set(ec.forward, ec.backward, meta.shape, meta.itemsize, mesh)
                         memo[key] = (ec.seconds, ec.fwd_seconds, work)
                     small[:, a, b] = memo[key]
             cost = small[0][np.ix_(iu, iv)]
