@@ -17,12 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HardwareProfile", "ProfileError", "load_profile", "BUILTIN_PROFILES", "LINKS", "PEAK_DTYPES"]
+__all__ = ["HardwareProfile", "ProfileError", "load_profile", "BUILTIN_PROFILES", "LINKS", "PEAK_DTYPES",
+           "BROADCAST_ALGORITHMS"]
 
 LINKS = ("intra", "inter")
 PEAK_DTYPES = ("bf16", "fp16", "fp32", "tf32")
 _COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 _DEVICES = ("cuda", "cpu")
+# How the backend broadcasts (the cost formulas are in cost_models.comm.ring_seconds): "pipelined" sends the
+# buffer in chunks down a tree or ring, so every rank receives it about once (NCCL); "binomial" forwards the
+# whole buffer along a binomial tree, ceil(log2 n) full hops on the critical path (gloo, gloo/broadcast.cc).
+BROADCAST_ALGORITHMS = ("pipelined", "binomial")
 # torch dtype short names -> the peak a matmul in that dtype runs at.
 _DTYPE_PEAK = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 # Upper limits of a plausible profile, orders of magnitude beyond any device of today: a value past one is a
@@ -57,6 +62,8 @@ class HardwareProfile:
         per-link defaults.
     group_overrides: {(link, collective kind, group size): (alpha, beta)} measured for one group size
         (`planner calibrate` fits each group size it timed); they win over `overrides` for that size.
+    broadcast_algorithm: one of BROADCAST_ALGORITHMS, the formula broadcasts are priced with; alpha and
+        beta mean the same (one hop's latency, seconds per byte) under either.
     """
 
     name: str
@@ -73,6 +80,7 @@ class HardwareProfile:
     inter_beta: float
     overrides: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     group_overrides: dict[tuple[str, str, int], tuple[float, float]] = field(default_factory=dict)
+    broadcast_algorithm: str = "pipelined"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -122,6 +130,8 @@ class HardwareProfile:
         if self.group_overrides:  # only when present, so profiles without them keep their exact JSON
             out["group_overrides"] = {f"{link}:{kind}:{n}": [a, b]
                                       for (link, kind, n), (a, b) in sorted(self.group_overrides.items())}
+        if self.broadcast_algorithm != "pipelined":  # likewise only when not the default
+            out["broadcast_algorithm"] = self.broadcast_algorithm
         return out
 
     @classmethod
@@ -135,10 +145,11 @@ class HardwareProfile:
         if missing:
             raise ProfileError(f"hardware profile {data.get('name', '?')!r} is missing field(s) {missing}; "
                                f"a profile needs {list(required)} (see HardwareProfile)")
-        unknown = sorted(set(data) - set(required) - {"overrides", "group_overrides"})
+        unknown = sorted(set(data) - set(required) - {"overrides", "group_overrides", "broadcast_algorithm"})
         if unknown:
             raise ProfileError(f"hardware profile {data.get('name', '?')!r} has unknown field(s) {unknown}; the "
-                               f"fields are {list(required)} plus optional 'overrides' and 'group_overrides'")
+                               f"fields are {list(required)} plus optional 'overrides', 'group_overrides' and "
+                               "'broadcast_algorithm'")
         overrides: dict[tuple[str, str], tuple[float, float]] = {}
         raw = data.get("overrides", {}) or {}
         if not isinstance(raw, dict):
@@ -173,6 +184,7 @@ class HardwareProfile:
                 intra_alpha=_num(data["intra_alpha"], "intra_alpha"), intra_beta=_num(data["intra_beta"], "intra_beta"),
                 inter_alpha=_num(data["inter_alpha"], "inter_alpha"), inter_beta=_num(data["inter_beta"], "inter_beta"),
                 overrides=overrides, group_overrides=group_overrides,
+                broadcast_algorithm=str(data.get("broadcast_algorithm", "pipelined")),
             )
         except TypeError as e:  # pragma: no cover - every field is passed explicitly above
             raise ProfileError(f"malformed hardware profile: {e}") from None
@@ -211,6 +223,9 @@ def _int(value: Any, what: str) -> int:
 def _validate(p: HardwareProfile) -> None:
     if p.device not in _DEVICES:
         raise ProfileError(f"profile {p.name!r}: device must be one of {_DEVICES}, got {p.device!r}")
+    if p.broadcast_algorithm not in BROADCAST_ALGORITHMS:
+        raise ProfileError(f"profile {p.name!r}: broadcast_algorithm must be one of {BROADCAST_ALGORITHMS} "
+                           f"(\"binomial\" for gloo, \"pipelined\" for NCCL), got {p.broadcast_algorithm!r}")
     if not 1 <= p.gpus_per_node <= _MAX_GPUS_PER_NODE:
         raise ProfileError(f"profile {p.name!r}: gpus_per_node must be in [1, {_MAX_GPUS_PER_NODE}], got "
                            f"{p.gpus_per_node}")
@@ -331,6 +346,7 @@ _CPU_GLOO = HardwareProfile(
     intra_beta=1 / 0.7e9,                    # measured: gloo, 16 MiB all-gather / all-reduce
     inter_alpha=1e-3,                        # one machine: no inter-node link; same as intra
     inter_beta=1 / 0.7e9,
+    broadcast_algorithm="binomial",          # gloo/broadcast.cc: whole buffer along a binomial tree
 )
 
 BUILTIN_PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (_A100, _H100, _CPU_GLOO)}

@@ -33,7 +33,8 @@ from planner.calibrate_measure import (
     time_series,
 )
 
-__all__ = ["Calibration", "FitRow", "calibrate", "fit_calibration", "build_profile", "run", "write_samples"]
+__all__ = ["Calibration", "FitRow", "calibrate", "fit_calibration", "build_profile", "run", "write_samples",
+           "broadcast_algorithm"]
 
 # R^2 below this is flagged in the output; the profile is still written, the warning says which numbers
 # to distrust.
@@ -140,9 +141,16 @@ def calibrate(config: CalibrateConfig) -> Calibration:
     return cal
 
 
-def _fit_row(label: str, kind: str, samples: list[Sample], note: str = "") -> tuple[Fit | None, FitRow]:
+def broadcast_algorithm(backend: str) -> str:
+    """How `backend` broadcasts (cost_models.comm): gloo forwards the whole buffer along a binomial tree
+    (gloo/broadcast.cc); NCCL and others are priced as pipelined."""
+    return "binomial" if backend == "gloo" else "pipelined"
+
+
+def _fit_row(label: str, kind: str, samples: list[Sample], note: str = "",
+             broadcast: str = "pipelined") -> tuple[Fit | None, FitRow]:
     try:
-        fit = fit_alpha_beta(samples)
+        fit = fit_alpha_beta(samples, broadcast)
     except FitError as e:
         return None, (label, kind, None, f"{note}: {e}" if note else str(e))
     if fit.beta <= MIN_BETA:
@@ -156,8 +164,10 @@ def fit_calibration(cal: Calibration) -> tuple[dict[FitKey, Fit], list[FitRow]]:
     Keys of the returned fits (what the profile stores): (link, kind, n) per group size, (link, kind)
     pooled over the group sizes of that link (used for sizes not measured), (link, "*") pooled over every
     collective (the link's default). Table rows follow the same order, then one row per mesh axis for
-    group sizes timed on several axes (diagnosis: those axes are pooled in the rows above).
+    group sizes timed on several axes (diagnosis: those axes are pooled in the rows above). Broadcasts are
+    fitted on the formula of the backend's algorithm (`broadcast_algorithm`).
     """
+    bcast = broadcast_algorithm(cal.backend)
     fits: dict[FitKey, Fit] = {}
     rows: list[FitRow] = []
     by_key: dict[FitKey, list[Sample]] = {}
@@ -174,7 +184,7 @@ def fit_calibration(cal: Calibration) -> tuple[dict[FitKey, Fit], list[FitRow]]:
         link, kind = key[0], key[1]
         label = f"{link} n={key[2]}" if len(key) == 3 else f"{link} any n"
         top = max(x.nbytes for x in by_key[key])
-        fit, row = _fit_row(label, "(all kinds)" if kind == "*" else kind, by_key[key], f"<= {_size(top)}")
+        fit, row = _fit_row(label, "(all kinds)" if kind == "*" else kind, by_key[key], f"<= {_size(top)}", bcast)
         rows.append(row)
         if fit is not None:
             fits[key] = fit
@@ -183,7 +193,7 @@ def fit_calibration(cal: Calibration) -> tuple[dict[FitKey, Fit], list[FitRow]]:
             continue
         for s in group:
             top = max(x.nbytes for x in s.samples)
-            rows.append(_fit_row(f"  {s.axis.label}", s.kind, s.samples, f"<= {_size(top)} ({s.stopped})")[1])
+            rows.append(_fit_row(f"  {s.axis.label}", s.kind, s.samples, f"<= {_size(top)} ({s.stopped})", bcast)[1])
     return fits, rows
 
 
@@ -202,6 +212,8 @@ def build_profile(base: HardwareProfile, cal: Calibration, fits: dict[FitKey, Fi
     all-collectives fit as its default alpha/beta, one override per fitted collective (pooled over group
     sizes, for sizes not timed) and one group override per (collective, group size) timed; a link that was
     not measured (the inter-node link on one node) keeps the base's numbers, as does anything not fitted.
+    The profile prices broadcasts with the algorithm of the backend that was measured, the one the fits
+    used.
     """
     peaks = {d: v * base.efficiency for d, v in base.peak_flops.items()}
     peaks.update({d: v for d, v in cal.matmul_flops.items() if d in PEAK_DTYPES})
@@ -232,7 +244,7 @@ def build_profile(base: HardwareProfile, cal: Calibration, fits: dict[FitKey, Fi
                    gpus_per_node=gpus_per_node, memory_bytes=memory, peak_flops=peaks, efficiency=1.0,
                    mem_bandwidth=cal.copy_bandwidth, intra_alpha=link_ab["intra"][0], intra_beta=link_ab["intra"][1],
                    inter_alpha=link_ab["inter"][0], inter_beta=link_ab["inter"][1], overrides=overrides,
-                   group_overrides=group_overrides)
+                   group_overrides=group_overrides, broadcast_algorithm=broadcast_algorithm(cal.backend))
 
 
 def write_samples(cal: Calibration, path: str) -> None:

@@ -62,7 +62,7 @@ def _synthetic_calibration() -> Calibration:
     for g in axis_groups(candidate_meshes(8)):
         for kind in KINDS:
             alpha, beta = TRUTH[(g.n, kind)]
-            samples = [Sample(kind, g.n, b, predict_seconds(kind, g.n, b, alpha, beta))
+            samples = [Sample(kind, g.n, b, predict_seconds(kind, g.n, b, alpha, beta, "binomial"))
                        for b in (4096 * 4**i for i in range(7))]
             cal.series.append(Series(g, kind, samples, "max bytes"))
     return cal
@@ -76,16 +76,24 @@ def test_profile_prices_each_measured_collective_exactly(tmp_path: Path) -> None
     profile.save(path)
     loaded = load_profile(str(path))
     assert loaded == profile and loaded.name == "cpu-gloo-calibrated"
+    assert loaded.broadcast_algorithm == "binomial"  # gloo's, the one the broadcasts were fitted with
     # What the planner charges for a collective of a measured group size is exactly the measured time.
     flat, cube = candidate_meshes(8)
     for mesh, axes in ((flat, ("x",)), (cube, ("z",)), (cube, ("y", "z"))):
         n = mesh.size(axes)
         for kind in KINDS:
             c = Collective(kind, axes, 3 * 2**20, "forward")
-            want = predict_seconds(kind, n, c.bytes, *TRUTH[(n, kind)])
+            want = predict_seconds(kind, n, c.bytes, *TRUTH[(n, kind)], "binomial")
             assert math.isclose(collective_seconds(c, mesh, loaded), want, rel_tol=1e-9)
     per_size = [fit for label, _, fit, _ in rows if " n=" in label]
     assert len(per_size) == 15 and all(f is not None and f.r2 > 1 - 1e-9 for f in per_size)
+    # Pooled over group sizes, a broadcast with one alpha and beta for every size fits exactly on gloo's terms.
+    cal.series = [s for s in cal.series if s.kind == "broadcast"]
+    for s in cal.series:
+        s.samples = [Sample("broadcast", x.n, x.nbytes, predict_seconds("broadcast", x.n, x.nbytes, 1e-3, 1e-9,
+                                                                        "binomial")) for x in s.samples]
+    pooled = fit_calibration(cal)[0][("intra", "broadcast")]
+    assert math.isclose(pooled.alpha, 1e-3, rel_tol=1e-9) and pooled.r2 > 1 - 1e-9
 
 
 def test_profile_takes_measured_compute_and_keeps_the_rest() -> None:

@@ -53,6 +53,20 @@ def test_one_fit_over_mixed_kinds_and_group_sizes_is_exact() -> None:
     assert math.isclose(fit.alpha, alpha, rel_tol=1e-9) and math.isclose(fit.beta, beta, rel_tol=1e-9)
 
 
+def test_binomial_broadcast_fits_only_on_its_own_terms() -> None:
+    # Timings of gloo's binomial broadcast over groups of 2, 4 and 8: its own terms give alpha and beta
+    # back exactly; the pipelined terms (bytes paid once) cannot follow the log2 n growth of the bandwidth
+    # term across group sizes, which is what left the pooled gloo broadcast fit at R^2 0.81.
+    alpha, beta = 1e-3, 1 / 0.8e9
+    samples = [Sample("broadcast", n, b, math.ceil(math.log2(n)) * (alpha + beta * b))
+               for n in (2, 4, 8) for b in SIZES[:7]]
+    assert model_terms("broadcast", 8, 800, "binomial") == (3.0, 2400.0)
+    own = fit_alpha_beta(samples, "binomial")
+    assert math.isclose(own.alpha, alpha, rel_tol=1e-9) and math.isclose(own.beta, beta, rel_tol=1e-9)
+    assert own.r2 == pytest.approx(1.0)
+    assert fit_alpha_beta(samples, "pipelined").r2 < 0.9
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_noisy_timings_give_close_alpha_and_beta(seed: int) -> None:
     # 5 % multiplicative noise on every point: the weighted fit averages it out over 27 points.

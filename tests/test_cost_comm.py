@@ -28,6 +28,20 @@ def test_ring_formulas():
         ring_seconds("gossip", 4, 1, a, bt)
 
 
+def test_binomial_broadcast_pays_every_hop_in_full():
+    # gloo's binomial tree: ceil(log2 n) sequential whole-buffer hops; the pipelined one pays the bytes once.
+    a, bt, nb = 1e-3, 1e-9, 2**24
+    for n in (2, 4, 5, 8):
+        hops = math.ceil(math.log2(n))
+        assert ring_seconds("broadcast", n, nb, a, bt, "binomial") == pytest.approx(hops * (a + bt * nb))
+        assert ring_seconds("broadcast", n, nb, a, bt, "pipelined") == pytest.approx(hops * a + bt * nb)
+    gloo = load_profile("cpu-gloo")
+    c = Collective("broadcast", ("x",), nb, "forward")
+    assert collective_seconds(c, Mesh((8,)), gloo) == pytest.approx(3 * (gloo.intra_alpha + gloo.intra_beta * nb))
+    with pytest.raises(CommError, match="unknown broadcast algorithm 'ring'"):
+        ring_seconds("broadcast", 4, nb, a, bt, "ring")
+
+
 def _ar(nbytes: int, mesh: Mesh, axes=("x",)) -> float:
     return collective_seconds(Collective("all_reduce", axes, nbytes, "forward"), mesh, A100)
 

@@ -77,3 +77,18 @@ def test_non_positive_flops_and_bad_override():
     with pytest.raises(ProfileError, match="override key intra:gossip"):
         HardwareProfile.from_json(data)
     assert issubclass(ProfileError, ValueError)
+
+
+def test_broadcast_algorithm_round_trips_and_is_checked(tmp_path):
+    # gloo's profile prices broadcasts on its binomial tree; the field survives save/load, stays out of the
+    # JSON of profiles that use the default, and a misspelt value names the choices.
+    gloo = BUILTIN_PROFILES["cpu-gloo"]
+    assert gloo.broadcast_algorithm == "binomial" and BUILTIN_PROFILES["a100-80gb"].broadcast_algorithm == "pipelined"
+    assert "broadcast_algorithm" not in BUILTIN_PROFILES["a100-80gb"].to_json()
+    path = tmp_path / "gloo.json"
+    gloo.save(path)
+    assert load_profile(str(path)) == gloo and load_profile(str(path)).broadcast_algorithm == "binomial"
+    data = gloo.to_json()
+    data["broadcast_algorithm"] = "ring"
+    with pytest.raises(ProfileError, match=r"broadcast_algorithm must be one of \('pipelined', 'binomial'\)"):
+        HardwareProfile.from_json(data)
