@@ -31,6 +31,7 @@ import torch.utils._pytree as pytree
 
 from cost_models.layout import Layout
 from cost_models.ops import OpNode
+from cost_models.strategies.attention import matmul_grad_axes
 from cost_models.strategies.views import broadcast_axes
 from layers3d.redistribute import redistribute
 from planner.apply_layers import GradReduce, OutputReduce
@@ -227,8 +228,8 @@ class _Rewriter:
             self._check_follow(op, a)
             self.block = None
             return
-        if op.kind == "elementwise":
-            args, kwargs = self._broadcast_grads(op, a, args, kwargs, acts)
+        if op.kind in ("elementwise", "matmul"):
+            args, kwargs = self._partial_grads(op, a, args, kwargs, acts)
         name = op_name(node)
         if op.kind == "reshape" and name in _RESHAPES:
             local = a.outputs[0].local_shape(op.out.shape, self.mesh.mesh)
@@ -258,13 +259,19 @@ class _Rewriter:
         self._names.add(target)
         self.out.modules[target] = module
 
-    def _broadcast_grads(self, op: OpNode, a: Assignment, args: Any, kwargs: Any, acts: list[Any]) -> tuple[Any, Any]:
-        """An input broadcast over split output dims has a partial gradient: all-reduce it over them."""
+    def _partial_grads(self, op: OpNode, a: Assignment, args: Any, kwargs: Any, acts: list[Any]) -> tuple[Any, Any]:
+        """An input whose gradient is a partial sum gets it all-reduced (GradReduce), as the cost model
+        prices it: an element-wise input broadcast over split output dims, a matmul operand lacking an
+        axis that splits the output (`matmul_grad_axes`)."""
         swap: dict[fx.Node, fx.Node] = {}
         for k, (value, meta) in enumerate(zip(acts, op.input_meta)):
             if meta.dtype not in _FLOAT or not isinstance(value, fx.Node) or value in swap:
                 continue
-            axes = broadcast_axes(a.outputs[0], meta.shape, op.out.shape)
+            if op.kind == "matmul":
+                lay = a.inputs[k] if k < len(a.inputs) else None
+                axes = matmul_grad_axes(a.outputs[0], lay) if lay is not None else ()
+            else:
+                axes = broadcast_axes(a.outputs[0], meta.shape, op.out.shape)
             if axes:
                 path = self._module_name(f"grad_reduce_{op.name}_in{k}")
                 self.out.modules[path] = GradReduce(axes, self.mesh)

@@ -61,6 +61,28 @@ def test_attention_matmul_is_local_per_head_group_and_gathers_split_keys():
     assert c.flops == 3 * 2 * (8 // 2) * 4 * (16 // 4) * 16 * 16  # fwd 2 m k n per batch entry, bwd twice that
 
 
+def test_matmul_operand_missing_an_output_split_gets_its_gradient_all_reduced():
+    # attention @ values with the value heads' features (n) split over y and the weights replicated over y:
+    # dA = dY @ V^T sums over n, so each y-rank holds a partial dA (the bug behind the saved heads-split plan).
+    att, v = f32(8, 4, 16, 16), f32(8, 4, 16, 16)
+    mm = op("matmul", ["att", "v"], [att, v], [f32(8, 4, 16, 16)], grad_inputs=(True, True))
+    la, lb = L("", "x", "", ""), L("", "x", "", "y")
+    strategies, _ = enumerate_strategies(mm, MESH, [[la], [lb]])
+    s = next(s for s in strategies if s.inputs == (la, lb))
+    assert s.output == L("", "x", "", "y")
+    grads = [c for c in op_cost(mm, s, MESH, HW).collectives if c.tag == "grad_input"]
+    assert [(c.kind, c.axes, c.phase, c.bytes) for c in grads] == [
+        ("all_reduce", ("y",), "backward", 8 * 2 * 16 * 16 * 4)]      # A's local block, over y only
+    # Operands split alike (heads over x, batch over y): every gradient is local, nothing reduced.
+    same = L("y", "x", "", "")
+    s = next(s for s in enumerate_strategies(mm, MESH, [[same], [same]])[0] if s.inputs == (same, same))
+    assert not op_cost(mm, s, MESH, HW).collectives
+    # An operand without a gradient (computed from buffers alone) needs no reduction.
+    mm.attrs["grad_inputs"] = (False, True)
+    s = next(s for s in enumerate_strategies(mm, MESH, [[la], [lb]])[0] if s.inputs == (la, lb))
+    assert not op_cost(mm, s, MESH, HW).collectives
+
+
 def test_softmax_needs_its_dim_unsplit():
     sm = op("softmax", ["a"], [f32(8, 4, 16, 16)], [f32(8, 4, 16, 16)], dim=3)
     strategies, reasons = enumerate_strategies(sm, MESH, [[L("x", "", "", "y"), L("x", "y", "", "")]])
@@ -155,3 +177,4 @@ def test_graph_hints_on_a_gpt_layer():
     assert ops["matmul_1"].attrs["copies_inputs"] == (False, True)  # the dropout output is contiguous
     assert ops["add_1"].attrs["grad_inputs"] == (False, True)       # the block input "x" is a graph input
     assert ops["masked_fill"].attrs["grad_inputs"] == (True, False)  # the mask comes from a buffer
+    assert ops["matmul"].attrs["grad_inputs"] == (True, True)        # q, k and v come from c_attn

@@ -10,6 +10,13 @@ Offers, for every pair of candidates: the pair itself when compatible, and each 
 operand re-laid to match it (its k and free dim unsplit): the edge from that operand's producer pays the
 conversion (e.g. all-gathering the keys of a sequence-split layout).
 
+Gradients: dA = dY @ B^T sums over the output's free dim n (and any batch dim A broadcasts), dB = A^T @ dY
+over m. An operand whose layout lacks an axis that splits the output (B's n split while A is replicated
+over that axis, as when the value heads' features are split and the attention weights are not) gets only
+its rank's share of that sum: its gradient is all-reduced over those axes in backward (tag grad_input),
+unless it carries no gradient (the `grad_inputs` hint). Without it the forward is exact and the backward
+into A silently drops the other ranks' terms.
+
 Saves both operands; with the `copies_inputs` hint (a transposed operand) the saved tensor is the
 matmul's own contiguous copy, keyed by the matmul.
 """
@@ -26,7 +33,9 @@ from cost_models.strategies import register
 from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes, tensor_key
 from cost_models.strategy import Strategy
 
-__all__ = ["matmul_rule", "matmul_output"]
+__all__ = ["matmul_rule", "matmul_output", "matmul_grad_axes"]
+
+_FLOAT = ("float16", "bfloat16", "float32", "float64")
 
 
 def _batch_dims(meta: TensorMeta, out_nd: int) -> dict[int, int]:
@@ -65,6 +74,13 @@ def matmul_output(a: TensorMeta, b: TensorMeta, out: TensorMeta, la: Layout, lb:
         return str(e)
 
 
+def matmul_grad_axes(out: Layout, lay: Layout) -> Axes:
+    """The axes over which an operand in `lay` has a partial gradient when the output is in `out`: those
+    splitting the output but not the operand (its gradient sums over the output dims they split)."""
+    own = set(lay.axes())
+    return tuple(a for axes in out.dims for a in axes if a not in own)
+
+
 def _match(other: TensorMeta, out_nd: int, lay: Layout, lay_meta: TensorMeta) -> Layout:
     """`other` operand re-laid to match `lay` (of the operand `lay_meta`): same batch splits, its own
     contracted and free dims unsplit."""
@@ -93,6 +109,11 @@ def _usage(op: OpNode, mesh: Mesh, la: Layout, lb: Layout, out: Layout) -> Usage
     for i, (meta, lay) in enumerate(((a, la), (b, lb))):
         key = f"{op.name}:in{i}:{lay}" if i < len(copies) and copies[i] else tensor_key(op.inputs[i], lay)
         u.save(key, local_bytes(meta, lay, mesh))
+    grads = op.attrs.get("grad_inputs") or (True, True)
+    for i, (meta, lay) in enumerate(((a, la), (b, lb))):
+        if i < len(grads) and grads[i] and meta.dtype in _FLOAT:
+            u.collective("all_reduce", matmul_grad_axes(out, lay), local_bytes(meta, lay, mesh), "backward",
+                         "grad_input")
     return u
 
 

@@ -10,9 +10,10 @@ Rules see one op at a time, but two choices depend on the graph around it:
   torch 2.13: the attention matmuls save copies of the transposed q, k, v). A saved copy is a tensor of
   its own (keyed by the matmul), not the producer's output that other ops might also save.
 
-* `attrs["grad_inputs"] = (bool, ...)` on an element-wise op: whether each input carries a gradient in
-  backward (it is computed from a parameter). A broadcast input without one (an additive attention mask
-  built from buffers, even in floating point) needs no gradient all-reduce. On a linear (set only when
+* `attrs["grad_inputs"] = (bool, ...)` on an element-wise op or a matmul: whether each input carries a
+  gradient in backward (it is computed from a parameter). A broadcast input without one (an additive
+  attention mask built from buffers, even in floating point), or a matmul operand without one, needs no
+  gradient all-reduce. On a linear (set only when
   False, so ordinary graphs keep their signatures): its input is a graph input or computed from inputs
   alone, so the backward computes no input gradient: no dX reduction, no re-gathered weight for it.
 
@@ -68,5 +69,6 @@ def mark_graph_hints(ops: list[OpNode]) -> None:
             else:
                 op.attrs.pop("out_segments", None)
         elif op.kind == "matmul":
+            op.attrs["grad_inputs"] = tuple(flows.get(src, False) for src in op.inputs)
             op.attrs["copies_inputs"] = tuple(
                 src in by_name and by_name[src].kind == "permute" for src in op.inputs)
