@@ -29,7 +29,7 @@ from planner.solve.decompose import Decomposition
 from planner.solve.driver import infeasible_or_fallback
 from planner.solve.eliminate import eliminate
 from planner.solve.evaluate import evaluate_indexed
-from planner.solve.frontier import FrontierPoint, topological_order
+from planner.solve.frontier import FrontierPoint, pareto_mask, topological_order
 from planner.solve.indexed import IndexedProblem
 from planner.solve.milp import resolve_solver
 from planner.solve.min_budget import LeastMemory
@@ -46,7 +46,7 @@ _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are 
 _UNIFORM_STEPS = 4  # prices per uniform-scheme search
 _CAPS_TIGHT = 6  # ... and when no price alone gives a plan that fits
 _CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
-_ILP_GAP = 1e-3  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
+_ILP_GAP = 1e-4  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
 
 
 @dataclass
@@ -155,46 +155,86 @@ class PricedSolve:
         if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
             return self._answer(fastest, start, "optimal", 0.0, "")
         mu0 = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
-        hi = self._search(mu0, scale * 1e8, Price(1.0, 0.0), _SEARCH_STEPS, deadline)
+        top = scale * 1e8
+        hi = self._explore((), mu0, top, deadline)
         groups = self._groups()
-        if hi is None:
-            # nothing priced fits: the max term (transients, recompute peaks), which prices do not see,
-            # must shrink: searches under transient caps, the least-memory assignments, uniform schemes
-            least = self.evaluate(Price(0.0, 1.0, 1.0))
-            for cap in self._caps(least.choice, _CAPS_TIGHT):
-                if time.perf_counter() > deadline:
-                    break
-                if self._search(mu0, scale * 1e8, Price(1.0, 0.0, cap=cap), 3, deadline) is None:
-                    self.evaluate(Price(0.0, 1.0, 1.0, cap))
-            for group in groups:  # a uniform scheme may need less memory than the mixed least-memory plan
-                if time.perf_counter() > deadline:
-                    break
-                if self._search(mu0, scale * 1e8, Price(1.0, 0.0, only=group), 3, deadline) is None:
-                    self.evaluate(Price(0.0, 1.0, 1.0, only=group))
-        else:
-            self.evaluate(Price(1.0, hi, hi))  # blocks that also keep their recompute peak low
-            best = min((r for r in self.priced if r.peak <= ip.budget), key=lambda r: r.time_s)
-            for cap in self._caps(best.choice):  # a smaller max term leaves room for more additive bytes
-                if time.perf_counter() > deadline:
-                    break
-                for mu in (hi, hi / 4):
-                    self.evaluate(Price(1.0, mu, 0.0, cap))
+        if hi is None:  # a tight budget: each uniform scheme gets the full search (mostly skipped, see _explore)
             for group in groups:
                 if time.perf_counter() > deadline:
                     break
+                self._explore(group, mu0, top, deadline)
+            firsts = groups  # which scheme's blocks mix into a plan that fits is not known: try each
+        else:
+            for group in groups:  # short searches, one per uniform scheme, rank them ...
+                if time.perf_counter() > deadline:
+                    break
                 self._uniform(group, hi)
-        return self._finish(start, deadline, solver)
+            closest = self._closest(groups)
+            if closest is not None and time.perf_counter() < deadline:
+                self._explore(closest, mu0, top, deadline)  # ... and the closest one gets the full search
+            firsts = [closest] if closest is not None else []
+        return self._finish(start, deadline, solver, firsts)
+
+    def _explore(self, only: tuple[str, ...], mu0: float, top: float, deadline: float) -> float | None:
+        """The search over prices, restricted to the choices labelled `only` (all when empty): the cheapest
+        price whose minimiser fits, then searches under transient caps below the answer's largest transient
+        (a smaller max term leaves room for more additive bytes). When no price alone fits, the max term
+        (transients, recompute peaks), which prices do not see, must shrink: the caps start from the
+        least-memory assignment (each skipped when that assignment under its cap does not fit). Returns the
+        cheapest fitting price of the first search, or None."""
+        ip = self.ip
+        hi = self._search(mu0, top, Price(1.0, 0.0, only=only), _SEARCH_STEPS, deadline)
+        if hi is None:
+            least = self.evaluate(Price(0.0, 1.0, 1.0, only=only))
+            for cap in self._caps(least.choice, _CAPS_TIGHT, only):
+                if time.perf_counter() > deadline:
+                    break
+                self._least_first(Price(1.0, 0.0, cap=cap, only=only), mu0, top, deadline)
+            return None
+        self.evaluate(Price(1.0, hi, hi, only=only))  # blocks that also keep their recompute peak low
+        best = min((r for r in self.priced if r.peak <= ip.budget and r.price.only == only),
+                   key=lambda r: r.time_s)
+        for cap in self._caps(best.choice, 0, only):
+            if time.perf_counter() > deadline:
+                break
+            for mu in (hi, hi / 4):
+                self.evaluate(Price(1.0, mu, 0.0, cap, only))
+        return hi
+
+    def _least_first(self, base: Price, mu0: float, top: float, deadline: float) -> None:
+        """A short search of `base`'s prices, skipped when even its least-memory assignment does not fit
+        (a larger price only tends to that assignment, so no price of the search would fit)."""
+        if self.evaluate(replace(base, a=0.0, b=1.0, c=1.0)).peak <= self.ip.budget:
+            self._search(mu0, top, base, 3, deadline)
+
+    def _closest(self, groups: list[tuple[str, ...]]) -> tuple[str, ...] | None:
+        """The uniform group whose assignments came closest: the fastest that fits, else the least peak."""
+        ip = self.ip
+        runs = [r for r in self.priced if r.price.only in groups]
+        fits = [r for r in runs if r.peak <= ip.budget]
+        if fits:
+            return min(fits, key=lambda r: r.time_s).price.only
+        return min(runs, key=lambda r: r.peak).price.only if runs else None
+
 
     def _search(self, mu: float, top: float, base: Price, steps: int, deadline: float) -> float | None:
         """The cheapest price (of `base` with b = mu) whose minimiser fits: grow mu tenfold until one fits,
-        then bisect on log(mu) for at most `steps` steps. None when none fits below `top`."""
+        then bisect on log(mu) for at most `steps` steps. None when none fits below `top`.
+
+        The minimiser's additive bytes only fall as mu grows, and once they reach those of the minimiser
+        at `top` (the least additive bytes, fastest among those), larger prices give that same assignment:
+        when it does not fit, the growth stops there."""
         ip = self.ip
-        lo, hi = 0.0, None
-        while hi is None and mu < top and time.perf_counter() < deadline:
-            if self.evaluate(replace(base, b=mu)).peak <= ip.budget:
+        limit = self.evaluate(replace(base, b=top))
+        lo, hi = 0.0, (top if limit.peak <= ip.budget else None)
+        while mu < top and time.perf_counter() < deadline:
+            r = self.evaluate(replace(base, b=mu))
+            if r.peak <= ip.budget:
                 hi = mu
-            else:
-                lo, mu = mu, mu * 10
+                break
+            if hi is None and r.choice == limit.choice and r.ckpt == limit.ckpt:
+                return None
+            lo, mu = mu, mu * 10
         if hi is None:
             return None
         for _ in range(steps):
@@ -230,41 +270,46 @@ class PricedSolve:
         if hi is None:
             self.evaluate(Price(0.0, 1.0, 1.0, only=group))
 
-    def _caps(self, choice: list[int], most: int = 0) -> list[float]:
+    def _caps(self, choice: list[int], most: int = 0, only: tuple[str, ...] = ()) -> list[float]:
         """Up to _CAPS transient levels just below the largest op or conversion transient of `choice`: prices
-        with these caps give columns (and outer choices) that trade a smaller max term for time or bytes."""
+        with these caps give columns (and outer choices) that trade a smaller max term for time or bytes.
+        The levels are those of the options `only` allows (a uniform search's caps step through its own)."""
         ip = self.ip
         works = [e for e in ip.edges if e.transient is not None]
         top = max([int(ip.transient[v][c]) for v, c in enumerate(choice)]
                   + [int(e.transient[choice[e.src], choice[e.dst]]) for e in works], default=0)
-        levels = np.unique(np.concatenate([t for t in ip.transient] + [e.transient.ravel() for e in works]))
-        below = levels[levels < top]
+        masks = [allowed(labels, only) for labels in ip.labels]
+        ok = [np.ones(len(t), bool) if m is None else m for t, m in zip(ip.transient, masks)]
+        levels = [t[m] for t, m in zip(ip.transient, ok)]
+        levels += [e.transient[np.ix_(ok[e.src], ok[e.dst])].ravel() for e in works]
+        below = np.unique(np.concatenate(levels))
+        below = below[below < top]
         return [float(x) for x in below[::-1][:most or _CAPS]]
 
-    def _finish(self, start: float, deadline: float, solver: str) -> Solution:
+    def _finish(self, start: float, deadline: float, solver: str, firsts: list[tuple[str, ...]]) -> Solution:
         ip = self.ip
         fits = [r for r in self.priced if r.peak <= ip.budget]
         best = min(fits, key=lambda r: r.time_s, default=None)
         bound = max((r.bound for r in self.priced), default=-np.inf)
-        outer = TwoLevel(ip, self.dec)
-        outer.points = self._columns()
-        # the outer nodes and segment ends take the choices some priced assignment gave them
-        used: dict[int, set[int]] = {}
-        for r in self.priced:
-            for v in self.dec.outer_nodes + [seg.out for seg in self.dec.segments if seg.out is not None]:
-                used.setdefault(v, set()).add(r.choice[v])
-        outer.allowed = {v: np.array(sorted(c), dtype=np.int64) for v, c in used.items()}
+        answer = (best.choice, best.ckpt, best.time_s) if best is not None else None
+        # First the column ILPs of single uniform schemes' blocks (small and quick: each answer is what
+        # planning with that scheme alone would find, and prunes the next ILP), then the ILP of all blocks.
+        # They get at most the search's time together, resp. twice it (at least a second): past that the
+        # improvements are small, and some column sets make HiGHS slow to prove optimality.
+        searched = time.perf_counter() - start
+        share = max(1.0, searched / max(len(firsts), 1))
+        rounds = [(group, share) for group in firsts] + [(None, max(1.0, 2 * searched))]
+        for only, seconds in rounds:
+            outer = self._outer(only)
+            upper = answer[2] if answer is not None else np.inf
+            rnd = outer.outer("time", solver, min(deadline, time.perf_counter() + seconds), upper, rel_gap=_ILP_GAP)
+            if rnd.res.x is not None and rnd.value < upper:
+                answer = (rnd.choice, rnd.ckpt, rnd.value)
         self.stats["columns"] = float(sum(len(p) for p in outer.points))
-        # the ILP gets at most twice the search's time (at least a second): past that its improvements over
-        # the best priced plan are small, and some column sets make HiGHS slow to prove optimality
-        ilp_deadline = min(deadline, time.perf_counter() + max(1.0, 2.0 * (time.perf_counter() - start)))
-        rnd = outer.outer("time", solver, ilp_deadline, best.time_s if best else np.inf, rel_gap=_ILP_GAP)
-        if rnd.res.x is not None and (best is None or rnd.value < best.time_s):
-            gap = max(0.0, (rnd.value - bound) / rnd.value) if rnd.value > 0 else 0.0
-            return self._solution(rnd.choice, rnd.ckpt, rnd.value, start, gap, solver, rnd.res.status)
-        if best is not None:
-            gap = max(0.0, (best.time_s - bound) / best.time_s) if best.time_s > 0 else 0.0
-            return self._solution(best.choice, best.ckpt, best.time_s, start, gap, solver, rnd.res.status)
+        if answer is not None:
+            value = answer[2]
+            gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
+            return self._solution(*answer, start, gap, solver, rnd.res.status)
         least = outer.outer("memory", solver, max(deadline, time.perf_counter() + 10.0))
         found = LeastMemory(int(least.value), least.choice, least.ckpt, False,
                             "smallest feasible budget found by the priced search (an upper bound; not proven "
@@ -273,25 +318,39 @@ class PricedSolve:
         base = dict(seconds=time.perf_counter() - start, solver=resolve_solver(solver), method="priced")
         return infeasible_or_fallback(ip, found, base)
 
-    def _columns(self) -> list[list[FrontierPoint]]:
-        """Per class: the blocks every price found cheapest, restricted to the boundary choices that some
-        priced assignment used (where the answer's blocks will join), both plain and checkpointed."""
+    def _outer(self, only: tuple[str, ...] | None) -> TwoLevel:
+        """The column ILP over the blocks that the prices restricted to `only` found (every price's when
+        None); the outer nodes and segment ends take the choices those priced assignments gave them."""
+        runs = [r for r in self.priced if only is None or r.price.only == only]
+        outer = TwoLevel(self.ip, self.dec)
+        outer.points = self._columns(runs, [t for price, t in self.tables if only is None or price.only == only])
+        used: dict[int, set[int]] = {}
+        for r in runs:
+            for v in self.dec.outer_nodes + [seg.out for seg in self.dec.segments if seg.out is not None]:
+                used.setdefault(v, set()).add(r.choice[v])
+        outer.allowed = {v: np.array(sorted(c), dtype=np.int64) for v, c in used.items()}
+        return outer
+
+    def _columns(self, runs: list[_Priced], priced_tables: list[list[BlockTable]]) -> list[list[FrontierPoint]]:
+        """Per class: the blocks of `priced_tables` (the cheapest under each price), restricted to the
+        boundary choices that some run used (where the answer's blocks will join), both plain and
+        checkpointed, without dominated ones."""
         used: list[set[int]] = [set() for _ in self.dps]
-        for r in self.priced:
+        for r in runs:
             for cls, p, q, _ in r.boundary:
                 used[cls] |= {p, q}
         out: list[list[FrontierPoint]] = []
         for cls, dp in enumerate(self.dps):
             seen: dict[tuple, FrontierPoint] = {}
             keep = np.array(sorted(used[cls]), dtype=np.int64)
-            for _, tables in self.tables:
+            for tables in priced_tables:
                 cost = tables[cls].cost
                 ps = keep[keep < cost.shape[0]]
                 qs = keep[keep < cost.shape[1]]
                 pairs = np.array([(p, q) for p in ps for q in qs], dtype=np.int64).reshape(-1, 2)
                 for pt in dp.points(tables[cls], pairs, both=True):
                     seen.setdefault((pt.p, pt.q, pt.ckpt, pt.choice), pt)
-            out.append(list(seen.values()))
+            out.append(_undominated(list(seen.values())))
         return out
 
     def _answer(self, r: _Priced, start: float, status: str, gap: float, message: str) -> Solution:
@@ -311,6 +370,19 @@ class PricedSolve:
                         checkpointed=[ip.block_names[b] for b in ckpt], objective=value, gap=gap,
                         seconds=time.perf_counter() - start, solver=resolve_solver(solver),
                         peak_bytes=evaluate_indexed(ip, choice, ckpt)[1], method="priced", message=message)
+
+
+def _undominated(points: list[FrontierPoint]) -> list[FrontierPoint]:
+    """The points no other point of the same boundary and checkpoint flag beats in additive bytes, max-term
+    bytes and time at once: the outer ILP never needs a dominated one, and fewer columns solve faster."""
+    groups: dict[tuple[int, int, bool], list[FrontierPoint]] = {}
+    for pt in points:
+        groups.setdefault((pt.p, pt.q, pt.ckpt), []).append(pt)
+    out = []
+    for pts in groups.values():
+        values = np.array([(pt.add_bytes, pt.max_bytes, pt.time_s) for pt in pts], dtype=float)
+        out += [pt for pt, keep in zip(pts, pareto_mask(values)) if keep]
+    return out
 
 
 def _seg_node(k: int, out: int | None) -> int:
