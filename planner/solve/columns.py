@@ -163,7 +163,7 @@ class PricedSolve:
                 if time.perf_counter() > deadline:
                     break
                 self._explore(group, mu0, top, deadline)
-            firsts = groups  # which scheme's blocks mix into a plan that fits is not known: try each
+            firsts, mixed = groups, None  # which schemes' blocks mix into a plan that fits is not known
         else:
             for group in groups:  # short searches, one per uniform scheme, rank them ...
                 if time.perf_counter() > deadline:
@@ -173,7 +173,8 @@ class PricedSolve:
             if closest is not None and time.perf_counter() < deadline:
                 self._explore(closest, mu0, top, deadline)  # ... and the closest one gets the full search
             firsts = [closest] if closest is not None else []
-        return self._finish(start, deadline, solver, firsts)
+            mixed = [(), *firsts]  # the other short searches only ranked the schemes: their columns stay out
+        return self._finish(start, deadline, solver, firsts, mixed)
 
     def _explore(self, only: tuple[str, ...], mu0: float, top: float, deadline: float) -> float | None:
         """The search over prices, restricted to the choices labelled `only` (all when empty): the cheapest
@@ -286,7 +287,8 @@ class PricedSolve:
         below = below[below < top]
         return [float(x) for x in below[::-1][:most or _CAPS]]
 
-    def _finish(self, start: float, deadline: float, solver: str, firsts: list[tuple[str, ...]]) -> Solution:
+    def _finish(self, start: float, deadline: float, solver: str, firsts: list[tuple[str, ...]],
+                mixed: list[tuple[str, ...]] | None) -> Solution:
         ip = self.ip
         fits = [r for r in self.priced if r.peak <= ip.budget]
         best = min(fits, key=lambda r: r.time_s, default=None)
@@ -298,7 +300,7 @@ class PricedSolve:
         # improvements are small, and some column sets make HiGHS slow to prove optimality.
         searched = time.perf_counter() - start
         share = max(1.0, searched / max(len(firsts), 1))
-        rounds = [(group, share) for group in firsts] + [(None, max(1.0, 2 * searched))]
+        rounds = [([group], share) for group in firsts] + [(mixed, max(1.0, 2 * searched))]
         for only, seconds in rounds:
             outer = self._outer(only)
             upper = answer[2] if answer is not None else np.inf
@@ -318,12 +320,12 @@ class PricedSolve:
         base = dict(seconds=time.perf_counter() - start, solver=resolve_solver(solver), method="priced")
         return infeasible_or_fallback(ip, found, base)
 
-    def _outer(self, only: tuple[str, ...] | None) -> TwoLevel:
-        """The column ILP over the blocks that the prices restricted to `only` found (every price's when
-        None); the outer nodes and segment ends take the choices those priced assignments gave them."""
-        runs = [r for r in self.priced if only is None or r.price.only == only]
+    def _outer(self, only: list[tuple[str, ...]] | None) -> TwoLevel:
+        """The column ILP over the blocks that the prices restricted to one of `only` found (every price's
+        when None); the outer nodes and segment ends take the choices those priced assignments gave them."""
+        runs = [r for r in self.priced if only is None or r.price.only in only]
         outer = TwoLevel(self.ip, self.dec)
-        outer.points = self._columns(runs, [t for price, t in self.tables if only is None or price.only == only])
+        outer.points = self._columns(runs, [t for price, t in self.tables if only is None or price.only in only])
         used: dict[int, set[int]] = {}
         for r in runs:
             for v in self.dec.outer_nodes + [seg.out for seg in self.dec.segments if seg.out is not None]:

@@ -41,6 +41,7 @@ class MilpResult:
     seconds: float
     solver: str
     message: str = ""
+    nodes: int = 0  # branch-and-bound nodes HiGHS explored (0 when unknown)
 
 
 class MilpModel:
@@ -188,10 +189,12 @@ def resolve_solver(solver: str) -> str:
 
 def solve_milp(
     model: MilpModel, *, solver: str = "highs", time_limit: float = 60.0, rel_gap: float = 1e-9,
-    abs_gap: float = 0.0, cutoff: float = np.inf,
+    abs_gap: float = 0.0, cutoff: float = np.inf, max_nodes: int | None = None,
 ) -> MilpResult:
     """Solve `model` with the named back end ("highs" or "cbc") within `time_limit` seconds. `cutoff`: an
-    objective value known to be reachable (HiGHS prunes every branch that cannot beat it)."""
+    objective value known to be reachable (HiGHS prunes every branch that cannot beat it). `max_nodes`: a
+    limit on branch-and-bound nodes, which (unlike a time limit) gives the same answer however loaded the
+    machine is."""
     name = resolve_solver(solver)
     if model.trivially_infeasible:
         return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, name)
@@ -199,9 +202,9 @@ def solve_milp(
         return MilpResult("optimal", np.zeros(0), model.offset, model.offset, 0.0, 0.0, name)
     start = time.perf_counter()
     if name == "highs":
-        result = _solve_highs(model, max(time_limit, 0.01), rel_gap, abs_gap, cutoff)
+        result = _solve_highs(model, max(time_limit, 0.01), rel_gap, abs_gap, cutoff, max_nodes)
     else:
-        result = _solve_cbc(model, max(time_limit, 0.01), rel_gap, abs_gap)
+        result = _solve_cbc(model, max(time_limit, 0.01), rel_gap, abs_gap, max_nodes)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -235,7 +238,8 @@ def _quiet_highs() -> object:
     return h
 
 
-def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float, cutoff: float) -> MilpResult:
+def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float, cutoff: float,
+                 max_nodes: int | None) -> MilpResult:
     import highspy
 
     a = model.arrays()
@@ -256,6 +260,8 @@ def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: f
     h.setOptionValue("mip_feasibility_tolerance", 1e-9)
     if np.isfinite(cutoff):
         h.setOptionValue("objective_bound", float(cutoff))
+    if max_nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(max_nodes))
     h.passModel(lp)
     h.HandleKeyboardInterrupt = True  # solve in a thread: Ctrl-C works and a progress spinner keeps turning
     h.solve()
@@ -264,19 +270,20 @@ def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: f
     has_x = info.primal_solution_status == 2  # kSolutionStatusFeasible
     x = np.asarray(h.getSolution().col_value) if has_x else None
     obj = info.objective_function_value if has_x else np.nan
-    bound, gap = info.mip_dual_bound, info.mip_gap
+    bound, gap, nodes = info.mip_dual_bound, info.mip_gap, max(int(info.mip_node_count), 0)
     S = highspy.HighsModelStatus
     if status == S.kOptimal:
-        return MilpResult("optimal", x, obj, bound, 0.0 if gap < rel_gap else gap, 0.0, "highs")
+        return MilpResult("optimal", x, obj, bound, 0.0 if gap < rel_gap else gap, 0.0, "highs", nodes=nodes)
     if status == S.kInfeasible or (status == S.kObjectiveBound and not has_x):  # nothing beats the cutoff
-        return MilpResult("infeasible", None, np.nan, bound, np.nan, 0.0, "highs")
+        return MilpResult("infeasible", None, np.nan, bound, np.nan, 0.0, "highs", nodes=nodes)
     reason = h.modelStatusToString(status)
     if has_x:
-        return MilpResult("feasible", x, obj, bound, gap, 0.0, "highs", f"HiGHS stopped: {reason}")
-    return MilpResult("error", None, np.nan, bound, np.nan, 0.0, "highs", f"HiGHS stopped without a solution: {reason}")
+        return MilpResult("feasible", x, obj, bound, gap, 0.0, "highs", f"HiGHS stopped: {reason}", nodes)
+    return MilpResult("error", None, np.nan, bound, np.nan, 0.0, "highs", f"HiGHS stopped without a solution: {reason}",
+                      nodes)
 
 
-def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float) -> MilpResult:
+def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float, max_nodes: int | None) -> MilpResult:
     import pulp
 
     a = model.arrays()
@@ -302,7 +309,8 @@ def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: flo
             prob += expr >= float(lo)
         if np.isfinite(hi):
             prob += expr <= float(hi)
-    options = dict(msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap)
+    options = dict(msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap,
+                   options=[f"maxNodes {int(max_nodes)}"] if max_nodes is not None else [])
     if pulp.COIN_CMD(msg=False).available():  # a system CBC (pip install pulp[cbc]): PuLP 4's way
         cmd = pulp.COIN_CMD(**options)
     else:
