@@ -189,12 +189,10 @@ def resolve_solver(solver: str) -> str:
 
 def solve_milp(
     model: MilpModel, *, solver: str = "highs", time_limit: float = 60.0, rel_gap: float = 1e-9,
-    abs_gap: float = 0.0, cutoff: float = np.inf, max_nodes: int | None = None,
+    abs_gap: float = 0.0, cutoff: float = np.inf,
 ) -> MilpResult:
     """Solve `model` with the named back end ("highs" or "cbc") within `time_limit` seconds. `cutoff`: an
-    objective value known to be reachable (HiGHS prunes every branch that cannot beat it). `max_nodes`: a
-    limit on branch-and-bound nodes, which (unlike a time limit) gives the same answer however loaded the
-    machine is."""
+    objective value known to be reachable (HiGHS prunes every branch that cannot beat it)."""
     name = resolve_solver(solver)
     if model.trivially_infeasible:
         return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, name)
@@ -202,9 +200,9 @@ def solve_milp(
         return MilpResult("optimal", np.zeros(0), model.offset, model.offset, 0.0, 0.0, name)
     start = time.perf_counter()
     if name == "highs":
-        result = _solve_highs(model, max(time_limit, 0.01), rel_gap, abs_gap, cutoff, max_nodes)
+        result = _solve_highs(model, max(time_limit, 0.01), rel_gap, abs_gap, cutoff)
     else:
-        result = _solve_cbc(model, max(time_limit, 0.01), rel_gap, abs_gap, max_nodes)
+        result = _solve_cbc(model, max(time_limit, 0.01), rel_gap, abs_gap)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -238,8 +236,7 @@ def _quiet_highs() -> object:
     return h
 
 
-def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float, cutoff: float,
-                 max_nodes: int | None) -> MilpResult:
+def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float, cutoff: float) -> MilpResult:
     import highspy
 
     a = model.arrays()
@@ -260,8 +257,6 @@ def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: f
     h.setOptionValue("mip_feasibility_tolerance", 1e-9)
     if np.isfinite(cutoff):
         h.setOptionValue("objective_bound", float(cutoff))
-    if max_nodes is not None:
-        h.setOptionValue("mip_max_nodes", int(max_nodes))
     h.passModel(lp)
     h.HandleKeyboardInterrupt = True  # solve in a thread: Ctrl-C works and a progress spinner keeps turning
     h.solve()
@@ -283,7 +278,7 @@ def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: f
                       nodes)
 
 
-def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float, max_nodes: int | None) -> MilpResult:
+def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float) -> MilpResult:
     import pulp
 
     a = model.arrays()
@@ -309,8 +304,7 @@ def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: flo
             prob += expr >= float(lo)
         if np.isfinite(hi):
             prob += expr <= float(hi)
-    options = dict(msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap,
-                   options=[f"maxNodes {int(max_nodes)}"] if max_nodes is not None else [])
+    options = dict(msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap)
     if pulp.COIN_CMD(msg=False).available():  # a system CBC (pip install pulp[cbc]): PuLP 4's way
         cmd = pulp.COIN_CMD(**options)
     else:

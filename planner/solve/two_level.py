@@ -131,17 +131,16 @@ class TwoLevel:
                           np.inf)
         return self.outer(mode, solver, deadline, upper)
 
-    def outer(self, mode: str, solver: str, deadline: float, upper: float = np.inf, rel_gap: float = 1e-9,
-              max_nodes: int | None = None) -> _Round:
+    def outer(self, mode: str, solver: str, deadline: float, upper: float = np.inf, rel_gap: float = 1e-9) -> _Round:
         """The outer ILP over the current `points` and the exact value of its answer (see `_round`);
-        `rel_gap`: the relative gap at which a time-mode solve may stop; `max_nodes`: its node limit."""
+        `rel_gap`: the relative gap at which a time-mode solve may stop."""
         cap, shrink = (self.ip.budget if mode == "time" else None), 0
         for _ in range(4):
             built = self.build(mode, cap)
             gaps = {"rel_gap": rel_gap} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
             slack = 1e-7 * abs(upper) if mode == "time" else 1.0
             res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(),
-                             cutoff=(upper + slack) * built.scale, max_nodes=max_nodes, **gaps)
+                             cutoff=(upper + slack) * built.scale, **gaps)
             if res.x is None:
                 return _Round(res, built, [], [], np.inf)
             choice, ckpt = built.extract(res.x)
