@@ -14,6 +14,11 @@ columns of the two-level outer ILP (`planner.solve.two_level`, with counts of id
 column), which mixes them exactly under the budget, max term included: a few layers checkpointed, a few
 on another scheme. The answer is never worse than the best priced assignment that fits, and its gap to
 the best lower bound is reported (status "optimal" only when the gap closes).
+
+Prices do not see the max term, so searches also run under transient caps. And so that the mix is never
+worse than one scheme throughout (what a user would otherwise pick), a short search per uniform scheme
+ranks them; the closest gets the full search and a column ILP of its own blocks, whose answer prunes the
+ILP of all blocks (at a budget that no price fits, every scheme gets the full search and its own ILP).
 """
 
 from __future__ import annotations
