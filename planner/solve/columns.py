@@ -186,9 +186,12 @@ class PricedSolve:
         price whose minimiser fits, then searches under transient caps below the answer's largest transient
         (a smaller max term leaves room for more additive bytes). When no price alone fits, the max term
         (transients, recompute peaks), which prices do not see, must shrink: the caps start from the
-        least-memory assignment (each skipped when that assignment under its cap does not fit). Returns the
-        cheapest fitting price of the first search, or None."""
+        least-memory assignment (each skipped when that assignment under its cap does not fit). A restricted
+        search starts from its own fastest assignment's time per budget byte, as a solve of the restricted
+        problem would. Returns the cheapest fitting price of the first search, or None."""
         ip = self.ip
+        if only:  # start where a solve restricted to these choices would: from their own fastest assignment
+            mu0 = self.evaluate(Price(1.0, top * 1e-17, only=only)).time_s / max(ip.budget, 1) * 1e-2
         hi = self._search(mu0, top, Price(1.0, 0.0, only=only), _SEARCH_STEPS, deadline)
         if hi is None:
             least = self.evaluate(Price(0.0, 1.0, 1.0, only=only))
