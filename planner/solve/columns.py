@@ -77,6 +77,7 @@ class PricedSolve:
         self.priced: list[_Priced] = []
         self.tables: list[tuple[Price, list[BlockTable]]] = []
         self.stats: dict[str, float] = {}
+        self.tiny = 0.0
 
     # --- one price ------------------------------------------------------------------------------
     def evaluate(self, price: Price) -> _Priced:
@@ -156,7 +157,8 @@ class PricedSolve:
         deadline = start + time_limit
         ip = self.ip
         scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)
-        fastest = self.evaluate(Price(1.0, scale * 1e-9))
+        self.tiny = scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
+        fastest = self.evaluate(Price(1.0, self.tiny))
         if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
             return self._answer(fastest, start, "optimal", 0.0, "")
         mu0 = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
@@ -191,7 +193,7 @@ class PricedSolve:
         problem would. Returns the cheapest fitting price of the first search, or None."""
         ip = self.ip
         if only:  # start where a solve restricted to these choices would: from their own fastest assignment
-            mu0 = self.evaluate(Price(1.0, top * 1e-17, only=only)).time_s / max(ip.budget, 1) * 1e-2
+            mu0 = self.evaluate(Price(1.0, self.tiny, only=only)).time_s / max(ip.budget, 1) * 1e-2
         hi = self._search(mu0, top, Price(1.0, 0.0, only=only), _SEARCH_STEPS, deadline)
         if hi is None:
             least = self.evaluate(Price(0.0, 1.0, 1.0, only=only))
