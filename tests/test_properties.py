@@ -13,8 +13,9 @@ For a random model (layers, hidden size, heads, sequence, batch), world size (1,
 
 Runs: the default run draws a few fixed (derandomised) examples, about 30 s on 2 cores. The extended run
 draws many random ones: `PLANNER_HYPOTHESIS=extended python -m pytest tests/test_properties.py` (200
-planning examples and 10 applied plans, up to an hour per test; the README's troubleshooting section gives
-its measured length).
+examples for each planning test and 150 applied plans; an hour's timeout per test). Measured with `time` on the
+2-core VM under load from another engineer's runs (load average 2-4.7): about 17 min in all (the two
+planning tests 6.1 and 5.6 min in one full run, the 150 applied plans 5.3 min in a run of their own).
 """
 
 from __future__ import annotations
@@ -48,11 +49,16 @@ TIME_LIMIT_S = 30.0        # per mesh shape: a cap only (these solves take well 
                            # plans do not depend on how loaded the machine is
 UNLIMITED = 1 << 40        # 1 TiB per rank: nothing binds
 TOL = 1e-5                 # relative error of the applied plan against the dense model (fp32)
+STATE_TOL = 1e-4           # the same after one AdamW step: a weight whose gradient is below Adam's eps
+                           # (1e-6) moves by lr * g / (|g| + eps), so fp32 summation-order noise in g
+                           # (1e-9 absolute) shows up 1000x larger (found by the extended run: MLP 3x32,
+                           # 2 ranks, a grad of -8e-8 off by 3e-9 gave 1.36e-5); a missing reduction or a
+                           # mis-sharded optimizer state is off by about lr / |weights| (5e-3) or more
 
 _common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
            "derandomize": not EXTENDED, "database": None}
 PLANNING = settings(max_examples=200 if EXTENDED else 10, **_common)
-APPLYING = settings(max_examples=10 if EXTENDED else 2, **_common)
+APPLYING = settings(max_examples=150 if EXTENDED else 2, **_common)
 pytestmark = pytest.mark.timeout(3600 if EXTENDED else 300)
 
 
@@ -157,7 +163,7 @@ def _check_applied(config: Config, p: Plan, world: int) -> None:
         assert abs(loss - dense_loss) <= TOL * max(1.0, abs(dense_loss)), (loss, dense_loss)
         assert r["grad_error"] <= TOL, (r["worst_grad"], r["grad_error"], p.mesh)
         assert r["state_keys_equal"] and r["nonfloat_equal"]
-        assert r["state_error"] <= TOL, (r["worst_state"], r["state_error"])
+        assert r["state_error"] <= STATE_TOL, (r["worst_state"], r["state_error"])
         assert r["measured_comm"] == r["predicted_comm"]
 
 
