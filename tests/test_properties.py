@@ -13,9 +13,8 @@ For a random model (layers, hidden size, heads, sequence, batch), world size (1,
 
 Runs: the default run draws a few fixed (derandomised) examples, about 30 s on 2 cores. The extended run
 draws many random ones: `PLANNER_HYPOTHESIS=extended python -m pytest tests/test_properties.py` (200
-examples for each planning test and 150 applied plans; an hour's timeout per test). Measured with `time` on the
-2-core VM under load from another engineer's runs (load average 2-4.7): about 17 min in all (the two
-planning tests 6.1 and 5.6 min in one full run, the 150 applied plans 5.3 min in a run of their own).
+examples for each planning test and 150 applied plans; an hour's timeout per test). One full passing run measured
+with `time` on the 2-core VM, benchmarks running beside it: 15 min 49 s (4 tests).
 """
 
 from __future__ import annotations
