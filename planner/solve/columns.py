@@ -77,7 +77,8 @@ class PricedSolve:
         self.priced: list[_Priced] = []
         self.tables: list[tuple[Price, list[BlockTable]]] = []
         self.stats: dict[str, float] = {}
-        self.tiny = 0.0
+        self.scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)  # seconds per budget byte, at most
+        self.tiny = self.scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
 
     # --- one price ------------------------------------------------------------------------------
     def evaluate(self, price: Price) -> _Priced:
@@ -156,13 +157,11 @@ class PricedSolve:
         start = time.perf_counter()
         deadline = start + time_limit
         ip = self.ip
-        scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)
-        self.tiny = scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
         fastest = self.evaluate(Price(1.0, self.tiny))
         if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
             return self._answer(fastest, start, "optimal", 0.0, "")
         mu0 = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
-        top = scale * 1e8
+        top = self.scale * 1e8
         hi = self._explore((), mu0, top, deadline)
         groups = self._groups()
         if hi is None:  # a tight budget: each uniform scheme gets the full search (mostly skipped, see _explore)
@@ -214,7 +213,8 @@ class PricedSolve:
 
     def _least_first(self, base: Price, mu0: float, top: float, deadline: float) -> None:
         """A short search of `base`'s prices, skipped when even its least-memory assignment does not fit
-        (a larger price only tends to that assignment, so no price of the search would fit)."""
+        (a heuristic: large prices tend to the least additive bytes, so the search would most likely find
+        nothing that fits either)."""
         if self.evaluate(replace(base, a=0.0, b=1.0, c=1.0)).peak <= self.ip.budget:
             self._search(mu0, top, base, 3, deadline)
 
@@ -226,7 +226,6 @@ class PricedSolve:
         if fits:
             return min(fits, key=lambda r: r.time_s).price.only
         return min(runs, key=lambda r: r.peak).price.only if runs else None
-
 
     def _search(self, mu: float, top: float, base: Price, steps: int, deadline: float) -> float | None:
         """The cheapest price (of `base` with b = mu) whose minimiser fits: grow mu tenfold until one fits,
