@@ -6,8 +6,9 @@
 The ranks are laid out as the meshes the planner tries for this world size (`candidate_meshes`); on
 communicator groups over their mesh axes (one per link and group size, or every one with --every-group),
 all-gather, reduce-scatter, all-reduce, all-to-all and broadcast are timed over geometric message sizes
-from --min-bytes to --max-bytes within --time-budget seconds; alpha and beta are fitted per (link,
-collective, group size) and per (link, collective) on exactly the cost model's formulas; matmul FLOP/s
+from --min-bytes to --max-bytes within --time-budget seconds, and those whose fit is poor (R^2 < 0.9) are
+timed again within --retry-budget seconds; alpha and beta are fitted per (link, collective, group size)
+on exactly the cost model's formulas; matmul FLOP/s
 (fp32, bf16) and copy bandwidth are measured on every rank at once. Rank 0 writes a hardware profile
 (atomically): the --base profile with the measured numbers and the alpha/beta overrides, and prints the
 fit quality (R^2, worst relative residual).
@@ -50,6 +51,8 @@ class CalibrateConfig:
         small sizes (they all cost about the same) and reaches the bandwidth-bound ones within the budget.
     time_budget_s: seconds for all collective timings together; a series stops growing when its next size
         would not fit its share (each series still gets 3 sizes, so a tiny budget can be exceeded).
+    retry_budget_s: further seconds for re-timing the series whose fit has R^2 below 0.9 (a burst of
+        background load spoiled some of its sizes); 0 turns retries off.
     warmup: untimed calls before each point's batches (per pass).
     reps: timed batches per message size over all passes (the slowest rank's median is kept).
     passes: times each point is revisited at a different moment of the run (robust to bursts of load).
@@ -65,6 +68,7 @@ class CalibrateConfig:
     max_bytes: int = 256 * 2**20
     growth: int = 8
     time_budget_s: float = 50.0
+    retry_budget_s: float = 25.0
     warmup: int = 2
     reps: int = 9
     passes: int = 3
@@ -89,6 +93,9 @@ class CalibrateConfig:
                                  f"got {self.growth}")
         if not self.time_budget_s > 0:
             raise CalibrateError(f"--time-budget must be a positive number of seconds, got {self.time_budget_s}")
+        if not self.retry_budget_s >= 0:
+            raise CalibrateError(f"--retry-budget must be a number of seconds >= 0 (0: no retries), "
+                                 f"got {self.retry_budget_s}")
         if self.warmup < 0 or self.reps < 1 or not 1 <= self.passes <= self.reps:
             raise CalibrateError(f"need --warmup >= 0, --reps >= 1 and 1 <= --passes <= --reps, got "
                                  f"{self.warmup}, {self.reps} and {self.passes}")
@@ -113,6 +120,9 @@ CALIBRATE_ARGS = (
     arg("--growth", type=int, default=8, metavar="K", help="factor between message sizes (default 8)"),
     arg("--time-budget", type=float, default=50.0, metavar="SECONDS",
         help="seconds for all collective timings together; sizes stop growing when it runs out (default 50)"),
+    arg("--retry-budget", type=float, default=25.0, metavar="SECONDS",
+        help="further seconds to re-time collectives whose fit has R^2 < 0.9, e.g. after a burst of "
+        "background load (default 25; 0: no retries)"),
     arg("--warmup", type=int, default=2, metavar="N", help="untimed calls per size (default 2)"),
     arg("--reps", type=int, default=9, metavar="N",
         help="timed batches per size over all passes; the median is kept (default 9)"),
@@ -144,7 +154,8 @@ def config_from_args(args: argparse.Namespace) -> CalibrateConfig:
             raise CalibrateError(f"{option} {path}: directory {folder} does not exist; create it first")
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     return CalibrateConfig(base=args.base, min_bytes=min_bytes, max_bytes=max_bytes, growth=args.growth,
-                           time_budget_s=args.time_budget, warmup=args.warmup, reps=args.reps, passes=args.passes,
+                           time_budget_s=args.time_budget, retry_budget_s=args.retry_budget, warmup=args.warmup,
+                           reps=args.reps, passes=args.passes,
                            timeout_s=args.timeout, kinds=kinds, every_group=args.every_group,
                            compute_seconds=args.compute_seconds)
 

@@ -38,6 +38,8 @@ BATCH_TARGET_S = 0.01
 MAX_BATCH = 16
 # Most passes over the points while the time budget lasts.
 MAX_PASSES = 9
+# Most extra passes over the points of a series whose fit falls short (see `time_series`).
+MAX_RETRIES = 6
 
 
 # torch 2.13 renamed the single-tensor collectives (the old names warn); older releases have only the old.
@@ -68,6 +70,7 @@ class Series:
     kind: str
     samples: list[Sample] = field(default_factory=list)
     stopped: str = ""  # why the sizes stopped growing
+    retries: int = 0  # extra passes over this series' sizes because its fit fell short
 
 
 def axis_groups(meshes: Sequence[Mesh], every: bool = False) -> list[AxisGroups]:
@@ -181,7 +184,8 @@ def _next_call(points: list[_Point], growth: int) -> float:
 
 def time_series(axes: Sequence[AxisGroups], kinds: Sequence[str], *, min_bytes: int, max_bytes: int,
                 growth: int, warmup: int, reps: int, passes: int, budget_s: float, timeout_s: float,
-                device: torch.device) -> tuple[list[Series], int]:
+                device: torch.device, needs_more: Callable[[Series], bool] | None = None,
+                retry_budget_s: float = 0.0) -> tuple[list[Series], int]:
     """Time every collective of `kinds` on every group set of `axes` over geometric message sizes.
 
     Sizes start at `min_bytes` and grow by `growth` up to `max_bytes`, rounded up to a multiple of 4 * n
@@ -194,8 +198,14 @@ def time_series(axes: Sequence[AxisGroups], kinds: Sequence[str], *, min_bytes: 
     lasts (revisits are cheaper than the first visit): each point is sampled at moments spread over the
     run, so a burst of background load spoils one pass of a point, not the point. A point's time is the
     slowest rank's median over all its batches, since a step waits for the slowest group. Decisions use
-    world-reduced numbers only, so every rank runs the same collectives in the same order. Returns the
-    series and the number of passes made.
+    world-reduced numbers only, so every rank runs the same collectives in the same order.
+
+    Then the retries: `needs_more(series)` looks at a series' samples (e.g. "its alpha-beta fit is poor");
+    a series it flags on any rank gets one more pass over its sizes, and again after each pass while it is
+    flagged, up to MAX_RETRIES, and while the retries have spent less than `retry_budget_s` (a round
+    starts below it, so the budget can be exceeded by one pass over the flagged series). A burst of
+    background load that spoiled a few points of one series is voted down by the extra batches instead
+    of spoiling its fit. Returns the series (samples set, `retries` counted) and the number of full passes.
     """
     rank = dist.get_rank()
     comms = []
@@ -253,10 +263,30 @@ def time_series(axes: Sequence[AxisGroups], kinds: Sequence[str], *, min_bytes: 
         last = world_max([local], device)[0]
         spent += last
         done += 1
+    _set_samples(series, points, device)
+    spent, rounds = 0.0, 0
+    while needs_more is not None and spent < retry_budget_s:
+        flagged = world_max([float(s.retries < MAX_RETRIES and needs_more(s)) for s in series], device)
+        again = {id(s) for s, flag in zip(series, flagged) if flag}
+        if not again:
+            break
+        order = reversed(points) if (done + rounds) % 2 else points
+        local = sum(measure(pt) for pt in order if id(pt.series) in again)
+        spent += world_max([local], device)[0]
+        rounds += 1
+        for s in series:
+            s.retries += id(s) in again
+        _set_samples(series, points, device)
+    return series, done
+
+
+def _set_samples(series: Sequence[Series], points: Sequence[_Point], device: torch.device) -> None:
+    """Each series' samples from its points' batches so far: per size, the slowest rank's median."""
     medians = world_max([statistics.median(pt.times) for pt in points], device)
+    for s in series:
+        s.samples = []
     for pt, seconds in zip(points, medians):
         pt.series.samples.append(Sample(pt.series.kind, pt.series.axis.n, pt.numel * 4, seconds))
-    return series, done
 
 
 def _concurrent_rate(work: Callable[[], None], units_per_call: float, device: torch.device,

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from cost_models.hardware import LINKS, PEAK_DTYPES, HardwareProfile, load_profile
 from cost_models.mesh import candidate_meshes
+from cost_models.redistribution import COLLECTIVE_KINDS
 from planner.calibrate import CalibrateConfig, CalibrateError
 from planner.calibrate_fit import MIN_BETA, Fit, FitError, Sample, fit_alpha_beta, format_fit_table
 from planner.calibrate_measure import (
@@ -36,8 +37,9 @@ from planner.calibrate_measure import (
 __all__ = ["Calibration", "FitRow", "calibrate", "fit_calibration", "build_profile", "run", "write_samples",
            "broadcast_algorithm"]
 
-# R^2 below this is flagged in the output; the profile is still written, the warning says which numbers
-# to distrust.
+# A series whose fit has R^2 below this is timed again (within --retry-budget); one still below it after
+# that is flagged in the output. The profile is written either way; the warning says which numbers to
+# distrust.
 R2_WARNING = 0.9
 # Matmul side and copy size: large enough for the device's full rate, small enough for a second of work
 # with every rank busy (8192^3 bf16 is ~1 TFLOP: a few ms on an A100/H100; 512^3 fp32 is ~10 ms of one
@@ -121,10 +123,12 @@ def calibrate(config: CalibrateConfig) -> Calibration:
             raise CalibrateError(f"mesh {m} has {m.world_size} ranks but the process group has {world}")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     cal = Calibration(world, rpn, device.type, name, dist.get_backend())
+    bcast = broadcast_algorithm(cal.backend)
     cal.series, cal.passes = time_series(
         axis_groups(meshes, config.every_group), config.kinds, min_bytes=config.min_bytes,
         max_bytes=config.max_bytes, growth=config.growth, warmup=config.warmup, reps=config.reps,
-        passes=config.passes, budget_s=config.time_budget_s, timeout_s=config.timeout_s, device=device)
+        passes=config.passes, budget_s=config.time_budget_s, timeout_s=config.timeout_s, device=device,
+        needs_more=lambda s: _poor_fit(s.samples, bcast), retry_budget_s=config.retry_budget_s)
     if device.type == "cuda":
         cal.device_count = torch.cuda.device_count()
         cal.device_memory = torch.cuda.get_device_properties(device).total_memory
@@ -147,6 +151,15 @@ def broadcast_algorithm(backend: str) -> str:
     return "binomial" if backend == "gloo" else "pipelined"
 
 
+def _poor_fit(samples: list[Sample], broadcast: str) -> bool:
+    """True when `samples` fit the cost model with R^2 below R2_WARNING (too few to fit: not poor, since
+    timing them again would not add sizes)."""
+    try:
+        return fit_alpha_beta(samples, broadcast).r2 < R2_WARNING
+    except FitError:
+        return False
+
+
 def _fit_row(label: str, kind: str, samples: list[Sample], note: str = "",
              broadcast: str = "pipelined") -> tuple[Fit | None, FitRow]:
     try:
@@ -161,33 +174,48 @@ def _fit_row(label: str, kind: str, samples: list[Sample], note: str = "",
 def fit_calibration(cal: Calibration) -> tuple[dict[FitKey, Fit], list[FitRow]]:
     """Fit alpha and beta on the measured samples.
 
-    Keys of the returned fits (what the profile stores): (link, kind, n) per group size, (link, kind)
-    pooled over the group sizes of that link (used for sizes not measured), (link, "*") pooled over every
-    collective (the link's default). Table rows follow the same order, then one row per mesh axis for
-    group sizes timed on several axes (diagnosis: those axes are pooled in the rows above). Broadcasts are
-    fitted on the formula of the backend's algorithm (`broadcast_algorithm`).
+    Keys of the returned fits (what the profile stores): (link, kind, n) per group size; (link, kind), the
+    fit of the largest group size timed on that link, for sizes not timed; (link, "*") pooled over every
+    collective and size (the link's default, for collectives not timed). Sizes are not pooled per kind:
+    one alpha and beta for every group size fits the ring formulas only where each size reaches the same
+    bandwidth, and 8 gloo ranks on 2 cores do not (all-gather 0.16, 0.22, 0.29 GB/s over 2, 4, 8 ranks:
+    pooled R^2 0.92 on a quiet machine, below 0.9 under load, per size >= 0.98); the largest size is the
+    likeliest to behave like a larger one not timed. Table rows follow the same order (the (link, kind)
+    keys have no rows of their own), then one row per mesh axis for group sizes timed on several axes
+    (diagnosis: those axes are pooled in the rows above). Broadcasts are fitted on the formula of the
+    backend's algorithm (`broadcast_algorithm`).
     """
     bcast = broadcast_algorithm(cal.backend)
     fits: dict[FitKey, Fit] = {}
     rows: list[FitRow] = []
     by_key: dict[FitKey, list[Sample]] = {}
+    retries: dict[FitKey, int] = {}
     axes_of: dict[tuple[str, int], list[Series]] = {}
     for s in cal.series:
-        for key in ((s.axis.link, s.kind, s.axis.n), (s.axis.link, s.kind), (s.axis.link, "*")):
+        for key in ((s.axis.link, s.kind, s.axis.n), (s.axis.link, "*")):
             by_key.setdefault(key, []).extend(s.samples)
+        key = (s.axis.link, s.kind, s.axis.n)
+        retries[key] = max(retries.get(key, 0), s.retries)
         axes_of.setdefault((s.axis.link, s.axis.n), []).append(s)
     kinds = list(dict.fromkeys(s.kind for s in cal.series))
     order = [key for link in LINKS for key in (
         [(link, kind, n) for n in sorted({s.axis.n for s in cal.series}, reverse=True) for kind in kinds]
-        + [(link, kind) for kind in kinds] + [(link, "*")]) if key in by_key]
+        + [(link, "*")]) if key in by_key]
     for key in order:
         link, kind = key[0], key[1]
         label = f"{link} n={key[2]}" if len(key) == 3 else f"{link} any n"
         top = max(x.nbytes for x in by_key[key])
-        fit, row = _fit_row(label, "(all kinds)" if kind == "*" else kind, by_key[key], f"<= {_size(top)}", bcast)
+        note = f"<= {_size(top)}" + (f", {retries[key]} more passes" if retries.get(key) else "")
+        if kind == "*":
+            timed = {k for k in kinds if (link, k) in fits}
+            note += ("; the link default, unused: every collective has its own fit" if timed == set(COLLECTIVE_KINDS)
+                     else "; the link default, for collectives not timed")
+        fit, row = _fit_row(label, "(all kinds)" if kind == "*" else kind, by_key[key], note, bcast)
         rows.append(row)
         if fit is not None:
             fits[key] = fit
+            if len(key) == 3:
+                fits.setdefault((link, kind), fit)  # sizes run largest first
     for _, group in sorted(axes_of.items()):
         if len({s.axis.label for s in group}) < 2:
             continue
@@ -209,8 +237,8 @@ def build_profile(base: HardwareProfile, cal: Calibration, fits: dict[FitKey, Fi
 
     Measured matmul rates become the achievable rate (peak_flops = measured, efficiency = 1); dtypes not
     measured keep the base's achievable rate (peak x efficiency). Each link that was measured gets its
-    all-collectives fit as its default alpha/beta, one override per fitted collective (pooled over group
-    sizes, for sizes not timed) and one group override per (collective, group size) timed; a link that was
+    all-collectives fit as its default alpha/beta, one override per fitted collective (its largest group
+    size's, for sizes not timed) and one group override per (collective, group size) timed; a link that was
     not measured (the inter-node link on one node) keeps the base's numbers, as does anything not fitted.
     The profile prices broadcasts with the algorithm of the backend that was measured, the one the fits
     used.
@@ -237,7 +265,7 @@ def build_profile(base: HardwareProfile, cal: Calibration, fits: dict[FitKey, Fi
     source = (f"measured by planner calibrate on {socket.gethostname()} at {stamp}: {cal.world_size} ranks "
               f"({cal.ranks_per_node} per node), {cal.backend} on {cal.device_name}, torch {torch.__version__}; "
               f"matmul {cal.matmul_size}^3 and copy bandwidth per rank with every rank busy; collectives "
-              f"fitted per link and kind on the cost model's alpha-beta terms"
+              f"fitted per link, kind and group size on the cost model's alpha-beta terms"
               + (f"; {' and '.join(kept)} link not measured (kept from the base)" if kept else "")
               + f". Base profile {base.name}: {base.source}")
     return replace(base, name=f"{base.name}-calibrated", source=source, device=cal.device,
