@@ -5,12 +5,17 @@
     transient      = the largest set of temporary buffers alive together while one op or one layout
                      conversion runs, forward or backward (gathered buffers, collective staging, the
                      gradients flowing in and out of it): its working set beyond what is saved
-    peak          ~= model states + saved + max transient
+    peak           = the most, over the points of one training step, of what is alive there (`step_peak`)
+                  <= model states + saved + max transient (the bound the solver's constraint uses)
 
 The peak this predicts is what `planner.measure_memory` measures: the most bytes held at once by tensor
 storages during a training step (parameters, gradients, optimizer states, inputs, everything the step
-creates). It over-counts in one direction on purpose: every gradient and every saved activation is
-counted as alive together, which the backward pass never quite reaches.
+creates). The backward pass runs the ops in reverse: when it differentiates op i, the gradients of the
+parameters of ops i..n-1 exist, those of ops 0..i-1 do not yet, and the saved activations of ops after i
+are freed already (a tensor saved by several ops is charged to the first of them, so it lives until that
+op's backward). `step_peak` takes the largest of these points and of the optimizer step (all states).
+For a small model whose gradients are as large as its activations (HF GPT-2 tiny: 1.75 MB of gradients
+against 4.6 MB saved on a replicated rank), counting everything alive together over-predicted by 11%.
 
 What each op saves is in docs/ARCHITECTURE.md ("Saved activations"); this module holds the device-kind
 facts (dropout masks) and the sums, so tests and the plan builder count the same way.
@@ -19,6 +24,7 @@ facts (dropout masks) and the sums, so tests and the plan builder count the same
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from cost_models.mesh import Mesh
 from cost_models.ops import DTYPE_BYTES
@@ -27,7 +33,8 @@ from cost_models.strategy import OpCost, SavedTensor
 
 __all__ = ["BYTES_PER_PARAM", "MemoryModelError", "DEVICE_KINDS", "dropout_mask_itemsize", "norm_stats_itemsize", "model_state_bytes",
            "unique_saved_bytes", "peak_bytes", "resolve_bytes_per_param",
-           "conversion_working_set", "conversion_pair_working_set"]
+           "conversion_working_set", "conversion_pair_working_set", "grad_bytes_per_param", "StepPeak",
+           "step_peak"]
 
 # Bytes of model state per parameter element:
 #   fp32_adam:  4 param + 4 grad + 4 Adam m + 4 Adam v
@@ -130,3 +137,47 @@ def conversion_pair_working_set(forward: Sequence[Step], backward: Sequence[Step
     (they never run at once). What the planner prices per edge and the plan's accounting adds to an op."""
     return max(conversion_working_set(steps, shape, itemsize, mesh) for steps in (forward, backward))
 
+
+
+def grad_bytes_per_param(bytes_per_param: int | str) -> int:
+    """Bytes of gradient per parameter element within `bytes_per_param`: an fp32 gradient (4) whenever the
+    states hold more than a 4-byte weight (fp32_adam, bf16_mixed, any optimizer), none for weights alone
+    (inference: 2, or 4 for fp32 weights)."""
+    return 4 if resolve_bytes_per_param(bytes_per_param) > 4 else 0
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    """The peak of one training step (`step_peak`): `peak` bytes, reached at op `at` (its index in forward
+    order; None for the optimizer step), where the op's transient is `transient`; `released` is what the
+    all-alive bound (states + saved + max transient) counts that is not alive there: gradients not yet
+    computed, activations already freed, and the max transient's excess over this op's."""
+
+    peak: int
+    at: int | None
+    transient: int
+    released: int
+
+
+def step_peak(ops: Sequence[tuple[int, int, int]], bytes_per_param: int | str) -> StepPeak:
+    """The most bytes alive at once in a training step, from per-op (state_bytes, saved_bytes,
+    transient_bytes) in forward order (see the module docstring): max over the backward of each op i of
+    states without the gradients of ops before i + saved of ops up to i + op i's transient, and of the
+    optimizer step (every state). Saved bytes must be charged to the first op that saves them (as the
+    plan's accounting does), a checkpointed block's kept inputs to its first op reading them, and its
+    recomputed activations be part of its ops' transients."""
+    bpp = resolve_bytes_per_param(bytes_per_param)
+    gbp = grad_bytes_per_param(bpp)
+    states = sum(o[0] for o in ops)
+    saved_total = sum(o[1] for o in ops)
+    bound = states + saved_total + max((o[2] for o in ops), default=0)
+    grads = [o[0] // bpp * gbp for o in ops]
+    best = StepPeak(states, None, 0, bound - states)
+    grads_before, saved_upto = 0, 0
+    for i, (_, saved, transient) in enumerate(ops):
+        saved_upto += saved
+        value = states - grads_before + saved_upto + transient
+        if value > best.peak:
+            best = StepPeak(value, i, transient, bound - value)
+        grads_before += grads[i]
+    return best

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
-from cost_models.memory import conversion_pair_working_set
+from cost_models.memory import conversion_pair_working_set, step_peak
+from cost_models.ops import DTYPE_BYTES
+from cost_models.strategies.base import param_key
 from planner.build import BuiltProblem, _out_layout
 from planner.graph import ModelGraph
 from planner.plan_format import (
@@ -55,6 +57,54 @@ def _canonical_key(key: str, alias: dict[str, str]) -> str:
     return alias.get(head, head) + sep + rest
 
 
+def _tied_copies(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -> dict[str, int]:
+    """Bytes a linear whose weight an earlier op also uses (a tied head) saves beyond what its rule prices:
+    when its weight layout differs from that op's (the parameter's home), `planner.apply_layers.TiedLayer` converts the owner's parameter into
+    a copy, which the linear saves for its input gradient (it is no parameter), unless the linear gathers
+    the weight in forward (then it saves the gathered weight, which its rule prices). Measured: 16,384 B
+    on a 1d HF GPT-2 tiny rank (the head's vocab-split (32, 128) copy of the hidden-split embedding)."""
+    out: dict[str, int] = {}
+    owner_of: dict[str, str] = {}
+    for op in graph.nodes:
+        for p in op.params:
+            owner_of.setdefault(p.name, op.name)
+    for op in graph.nodes:
+        w = next((p for p in op.params if p.role == "weight"), None)
+        if op.kind != "linear" or w is None or owner_of[w.name] == op.name:
+            continue
+        cost = built.costs[op.name][pick[op.name]]
+        if any(c.phase == "forward" and c.tag == "weight" for c in cost.collectives):
+            continue
+        home = owner_of[w.name]
+        hnode = graph.node(home)
+        index = next(i for i, p in enumerate(hnode.params) if p.name == w.name)
+        home_lay = dict(built.strategies[home][pick[home]].params).get(param_key(hnode, index))
+        lay = dict(built.strategies[op.name][pick[op.name]].params).get("weight")
+        if lay is not None and home_lay is not None and lay != home_lay:
+            out[op.name] = lay.local_numel(w.shape, built.mesh) * DTYPE_BYTES[w.dtype]
+    return out
+
+
+def _state_moves(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -> dict[str, int]:
+    """Parameter elements to move, in the plan's accounting, from the op that stores a tied parameter (its
+    first user) to its last user: the backward reaches the last user first, and the gradient exists from
+    then on (autograd holds the head's contribution until the embedding's is added), so that is where
+    `step_peak` must see it appear. Op name -> elements (negative at the home); the total is unchanged."""
+    moves: dict[str, int] = {}
+    for name, users in graph.shared_params().items():
+        home, last = users[0], users[-1]
+        node = graph.node(home)
+        index = next(i for i, p in enumerate(node.params) if p.name == name)
+        info = node.params[index]
+        lay = dict(built.strategies[home][pick[home]].params).get(param_key(node, index))
+        if lay is None or home == last:
+            continue
+        n = lay.local_numel(info.shape, built.mesh)
+        moves[home] = moves.get(home, 0) - n
+        moves[last] = moves.get(last, 0) + n
+    return moves
+
+
 def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: HardwareProfile, *, budget_bytes: int,
                   device: str, bytes_per_param: int, checkpointing: bool, schemes: list[str] | None,
                   seconds: dict[str, float] | None = None) -> Plan:
@@ -91,6 +141,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             edge_ws[op.name] = max(edge_ws.get(op.name, 0), conversion_pair_working_set(
                 ec.forward, ec.backward, meta.shape, meta.itemsize, mesh))
 
+    tied_copy = _tied_copies(graph, built, pick)
     # Recomputed activations of a checkpointed block alive while one of its ops is differentiated: those
     # of the ops up to and including it (in forward order; the later ones are freed by then).
     block_saved: dict[str, int] = {}
@@ -106,26 +157,39 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             if key not in seen_keys:
                 seen_keys.add(key)
                 fresh += t.bytes
-        op_saved[op.name] = fresh
+        op_saved[op.name] = fresh + tied_copy.get(op.name, 0)
         if in_ckpt[op.name]:
             block_saved[op.block] = block_saved.get(op.block, 0) + fresh
             recomputed_upto[op.name] = block_saved[op.block]
 
-    # A checkpointed block keeps its input: charge it to the first op in the block that reads it.
+    # A checkpointed block keeps its inputs (every tensor from outside it that its ops read, e.g. the hidden
+    # state and the attention mask): each charged to the first op in the block that reads it, a tensor kept
+    # by several blocks (the mask) once.
     kept: dict[str, int] = {}
+    kept_keys: set[tuple[str, object]] = set()
     for b in graph.blocks:
         if b.name not in ckpt:
             continue
         inside = set(b.nodes)
         for n in b.nodes:
-            outside = [s for s in nodes[n].inputs if s not in inside]
-            if outside:
-                src = outside[0]
+            for src in dict.fromkeys(s for s in nodes[n].inputs if s not in inside):
                 lay = _out_layout(built.strategies[src][pick[src]], nodes[src], nodes[n])
+                if (src, lay) in kept_keys:
+                    continue
+                kept_keys.add((src, lay))
                 meta = nodes[src].out
-                kept[n] = lay.local_numel(meta.shape, mesh) * meta.itemsize
-                break
+                kept[n] = kept.get(n, 0) + lay.local_numel(meta.shape, mesh) * meta.itemsize
 
+    # A checkpointed block's gradient waiting through its recomputation: that of the output of the last op
+    # in the block that saves anything (the first the backward reaches that unpacks a saved tensor), in the
+    # layout that op produces it. Measured: 524,288 B on a 1d gpt-tiny rank (the replicated (32, 64, 64)
+    # gradient of the MLP projection's output, gathered back from the sequence split).
+    waiting: dict[str, int] = {}
+    for op in graph.nodes:
+        if in_ckpt[op.name] and op_saved[op.name]:
+            lay = built.strategies[op.name][pick[op.name]].outputs[0]
+            waiting[op.block] = lay.local_numel(op.out.shape, mesh) * op.out.itemsize
+    moved = _state_moves(graph, built, pick)
     assignments: list[Assignment] = []
     per_op: list[OpPrediction] = []
     for op in graph.nodes:
@@ -136,9 +200,12 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
         saved = kept.get(op.name, 0) if ck else op_saved[op.name]
         # In a checkpointed block's backward, recomputed activations are alive together with the working
         # set of the op (or the conversion into it) being differentiated.
-        transient = max(cost.transient_bytes, edge_ws.get(op.name, 0)) + (recomputed_upto.get(op.name, 0) if ck else 0)
+        # The recomputation runs when the backward first needs one of the block's saved tensors, so the
+        # gradient that arrived there waits through it (waiting[block]).
+        transient = max(cost.transient_bytes, edge_ws.get(op.name, 0)) + \
+            (recomputed_upto.get(op.name, 0) + waiting.get(op.block, 0) if ck else 0)
         recompute = (cost.recompute_s + r_fwd) if ck else 0.0
-        ac = AssignmentCost(state_bytes=cost.param_elems * bytes_per_param, saved_bytes=saved,
+        ac = AssignmentCost(state_bytes=(cost.param_elems + moved.get(op.name, 0)) * bytes_per_param, saved_bytes=saved,
                             transient_bytes=transient, compute_s=cost.compute_s, comm_s=cost.comm_s,
                             # A checkpointed op re-runs its forward collectives and those of the conversions into
                             # it (as recompute_s counts their seconds).
@@ -159,9 +226,13 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     compute = sum(a.cost.compute_s for a in assignments)
     comm = sum(a.cost.comm_s for a in assignments) + sum(r.seconds for r in redists)
     recompute = sum(a.cost.recompute_s for a in assignments)
+    # The step's peak: the backward op (or the optimizer step) where the most is alive together.
+    sp = step_peak([(a.cost.state_bytes, a.cost.saved_bytes, a.cost.transient_bytes) for a in assignments],
+                   bytes_per_param)
     predicted = Predicted(
-        peak_memory_bytes=states + acts + trans, model_state_bytes=states, activation_bytes=acts,
-        transient_bytes=trans, step_time_s=compute + comm + recompute, compute_s=compute, comm_s=comm,
+        peak_memory_bytes=sp.peak, model_state_bytes=states, activation_bytes=acts,
+        transient_bytes=trans, released_bytes=sp.released, step_time_s=compute + comm + recompute,
+        compute_s=compute, comm_s=comm,
         comm_bytes=sum(a.cost.comm_bytes for a in assignments) + sum(r.comm_bytes for r in redists),
         recompute_s=recompute, per_op=per_op,
     )
@@ -170,5 +241,5 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     return Plan(model=ModelInfo(graph.name, graph.fingerprint, inputs), mesh=mesh, budget_bytes=budget_bytes,
                 hardware=hw.to_json(), assignments=assignments, redistributions=redists,
                 checkpoint=sorted(ckpt, key=lambda b: [x.name for x in graph.blocks].index(b)),
-                predicted=predicted, solver=solver, feasible=predicted.peak_memory_bytes <= budget_bytes,
+                predicted=predicted, solver=solver, feasible=predicted.bound_bytes <= budget_bytes,
                 options=PlanOptions(bytes_per_param, device, checkpointing, schemes))

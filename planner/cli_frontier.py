@@ -66,7 +66,7 @@ class Span:
 
     @property
     def high(self) -> int:
-        return self.fastest.predicted.peak_memory_bytes
+        return self.fastest.predicted.bound_bytes
 
 
 def probe_span(plan_at: PlanAt, infeasible: type[Exception]) -> Span:
@@ -76,7 +76,7 @@ def probe_span(plan_at: PlanAt, infeasible: type[Exception]) -> Span:
         return Span(1, plan_at(1), fastest)
     except infeasible as e:
         need = getattr(e, "min_budget_bytes", None)
-        return Span(need if need is not None else fastest.predicted.peak_memory_bytes, None, fastest)
+        return Span(need if need is not None else fastest.predicted.bound_bytes, None, fastest)
 
 
 def trace_curve(label: str, plan_at: PlanAt, infeasible: type[Exception], budgets: list[int],

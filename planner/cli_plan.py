@@ -126,6 +126,7 @@ def plan_command(args: argparse.Namespace) -> int:
             raise CliError(f"cannot write the plan to {args.out!r}: {e.strerror or e}") from e
         console.print(f"wrote {args.out}")
     if not result.feasible:
-        raise CliError(f"the plan's predicted peak {format_bytes(result.predicted.peak_memory_bytes)} exceeds the "
-                       f"budget {format_bytes(budget)} (solver status {result.solver.status})", 3)
+        raise CliError(f"the plan's memory bound {format_bytes(result.predicted.bound_bytes)} (states + activations"
+                       f" + transient; predicted peak {format_bytes(result.predicted.peak_memory_bytes)}) exceeds "
+                       f"the budget {format_bytes(budget)} (solver status {result.solver.status})", 3)
     return 0

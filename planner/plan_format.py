@@ -12,7 +12,11 @@ Accounting contract (what `planner explain` adds up; per rank, one training step
   0 inside a checkpointed block, whose kept input is charged to the op that reads it);
 * `predicted.transient_bytes` = max of `cost.transient_bytes` (a checkpointed block's recomputed
   activations count as transient memory of its ops);
-* `predicted.peak_memory_bytes` = model states + activations + transient (checked on load);
+* `predicted.released_bytes` = what states + activations + transient count that is not alive at the
+  step's peak (gradients not yet computed and activations already freed when the backward reaches the
+  op where memory peaks), by `cost_models.memory.step_peak` over the assignments in order;
+* `predicted.peak_memory_bytes` = model states + activations + transient - released (checked on load);
+  the budget is checked against `predicted.bound_bytes` = model states + activations + transient;
 * `predicted.compute_s` = sum of `cost.compute_s`; `predicted.comm_s` = sum of `cost.comm_s` + sum of
   `redistributions[].seconds`; `predicted.comm_bytes` likewise with bytes;
 * `predicted.recompute_s` = sum of `cost.recompute_s` (0 for ops outside checkpointed blocks; includes the
@@ -140,18 +144,26 @@ class OpPrediction:
 
 @dataclass
 class Predicted:
-    """Predicted per-rank peak memory (= model states + activations + transient) and step time."""
+    """Predicted per-rank peak memory (= model states + activations + transient - released) and step time."""
 
     peak_memory_bytes: int
     model_state_bytes: int
     activation_bytes: int
     transient_bytes: int
+    released_bytes: int
     step_time_s: float
     compute_s: float
     comm_s: float
     comm_bytes: int
     recompute_s: float
     per_op: list[OpPrediction] = field(default_factory=list)
+
+    @property
+    def bound_bytes(self) -> int:
+        """What the budget is checked against: model states + activations + transient, every gradient and
+        saved activation counted alive together (the solver's memory model, >= the peak). The planner
+        keeps plans whose bound fits, so a budget that the reported minimum meets can be planned again."""
+        return self.model_state_bytes + self.activation_bytes + self.transient_bytes
 
 
 @dataclass
@@ -336,7 +348,7 @@ def _check_plan(plan: Plan) -> None:
     if plan.budget_bytes < 1:
         raise PlanError("budget_bytes: must be at least 1 byte")
     p = plan.predicted
-    if p.peak_memory_bytes != p.model_state_bytes + p.activation_bytes + p.transient_bytes:
+    if p.peak_memory_bytes != p.model_state_bytes + p.activation_bytes + p.transient_bytes - p.released_bytes:
         raise PlanError(f"predicted.peak_memory_bytes: {p.peak_memory_bytes} is not model_state_bytes + "
-                        f"activation_bytes + transient_bytes = {p.model_state_bytes} + {p.activation_bytes} + "
-                        f"{p.transient_bytes}; {REPLAN}")
+                        f"activation_bytes + transient_bytes - released_bytes = {p.model_state_bytes} + "
+                        f"{p.activation_bytes} + {p.transient_bytes} - {p.released_bytes}; {REPLAN}")

@@ -63,10 +63,10 @@ def _fit(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan]
             if sol.status not in ("optimal", "feasible"):
                 break
             p = assemble(built, sol)
-            if p.predicted.peak_memory_bytes <= budget:
+            if p.predicted.bound_bytes <= budget:
                 return sol, p
             # tighten by the excess, at least doubling: the next answer may carry a larger working set
-            shrink = max(shrink + p.predicted.peak_memory_bytes - budget, 2 * shrink)
+            shrink = max(shrink + p.predicted.bound_bytes - budget, 2 * shrink)
         return sol, None
     finally:
         problem.budget_bytes = budget
@@ -97,16 +97,16 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
         return MeshResult(mesh, least=least.min_feasible_budget)
     least.status, least.message = "feasible", "the least-memory assignment"
     found = assemble(built, least)
-    if found.predicted.peak_memory_bytes <= budget:
+    if found.predicted.bound_bytes <= budget:
         return MeshResult(mesh, found, least.objective)
-    smallest = found.predicted.peak_memory_bytes
+    smallest = found.predicted.bound_bytes
     for _ in range(_LEAST_ROUNDS):  # the same steps as when the budget was reported: re-planning meets it
         sol, q = _fit(built, assemble, smallest - 1, solver, time_limit)
         if q is None:
             break
-        if q.predicted.peak_memory_bytes <= budget:
+        if q.predicted.bound_bytes <= budget:
             return MeshResult(mesh, q, sol.objective)
-        smallest = q.predicted.peak_memory_bytes
+        smallest = q.predicted.bound_bytes
     return MeshResult(mesh, least=smallest)
 
 

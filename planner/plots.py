@@ -151,16 +151,17 @@ def byte_unit(largest: float) -> tuple[str, int]:
 
 
 def memory_figure(plans: Sequence[Plan], labels: Sequence[str] | None = None) -> Figure:
-    """Predicted peak memory per rank of each plan as stacked bars (model states, saved activations, largest
-    transient buffer), with each plan's budget drawn as a black tick across its bar (none for an unlimited
-    budget)."""
+    """Predicted memory per rank of each plan as stacked bars (model states, saved activations, largest
+    transient buffer: the bound the budget is checked against), the predicted peak (what is alive together
+    at the step's fullest point, below the bound) as a red tick, and each plan's budget as a black tick
+    across its bar (none for an unlimited budget)."""
     if not plans:
         raise ValueError("memory_figure needs at least one plan")
     labels = list(labels) if labels is not None else [f"plan {i}" for i in range(len(plans))]
     if len(labels) != len(plans):
         raise ValueError(f"got {len(labels)} labels for {len(plans)} plans; give one label per plan")
     budgets = [p.budget_bytes if p.budget_bytes < _NO_LIMIT else None for p in plans]
-    unit, scale = byte_unit(max([p.predicted.peak_memory_bytes for p in plans] + [b for b in budgets if b]))
+    unit, scale = byte_unit(max([p.predicted.bound_bytes for p in plans] + [b for b in budgets if b]))
     parts = (("model states", "model_state_bytes", "tab:blue"), ("saved activations", "activation_bytes", "tab:orange"),
              ("transient", "transient_bytes", "tab:green"))
     fig = Figure(figsize=(max(6.0, 1.3 * len(plans) + 3.0), 4.5), layout="constrained")
@@ -171,6 +172,8 @@ def memory_figure(plans: Sequence[Plan], labels: Sequence[str] | None = None) ->
         heights = [getattr(p.predicted, field) / scale for p in plans]
         ax.bar(xs, heights, bottom=bottom, color=color, label=name, width=0.6)
         bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.hlines([p.predicted.peak_memory_bytes / scale for p in plans], [x - 0.3 for x in xs], [x + 0.3 for x in xs],
+              colors="tab:red", linewidth=2, label="predicted peak")
     shown = [(x, b / scale) for x, b in zip(xs, budgets) if b is not None]
     if shown:
         ax.hlines([b for _, b in shown], [x - 0.4 for x, _ in shown], [x + 0.4 for x, _ in shown], colors="black",
@@ -178,10 +181,11 @@ def memory_figure(plans: Sequence[Plan], labels: Sequence[str] | None = None) ->
     ax.set_xticks(xs, labels)
     ax.set_xlabel("plan")
     ax.set_ylabel(f"predicted memory per rank ({unit})")
-    ax.set_title("peak memory per rank = model states + saved activations + transient", loc="left", fontsize=10)
+    ax.set_title("memory per rank: model states + saved activations + transient, and the peak", loc="left",
+                 fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     handles, names = ax.get_legend_handles_labels()
-    order = sorted(range(len(names)), key=lambda i: names[i] == "budget")
+    order = sorted(range(len(names)), key=lambda i: (names[i] == "budget", names[i] == "predicted peak"))
     ax.legend([handles[i] for i in order], [names[i] for i in order], loc="upper left", bbox_to_anchor=(1.01, 1.0),
               fontsize="small")
     return fig

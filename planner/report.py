@@ -1,7 +1,8 @@
 """Showing a plan to people: the summary `planner plan` prints and the per-op tables of `planner explain`.
 
 The totals of the per-op table are computed from the assignments and redistributions by the accounting
-contract of `planner.plan_format` (sums, and a max for transient memory); `check_totals` compares them with
+contract of `planner.plan_format` (sums, a max for transient memory, the step's peak by
+`cost_models.memory.step_peak`); `check_totals` compares them with
 the plan's own `predicted` numbers, so a plan whose parts do not add up is noticed.
 """
 
@@ -16,6 +17,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from cost_models.memory import step_peak
 from planner.plan_format import Assignment, Plan
 from planner.units import format_bytes, format_seconds
 
@@ -30,6 +32,7 @@ class Totals:
     model_state_bytes: int
     activation_bytes: int
     transient_bytes: int
+    released_bytes: int
     step_time_s: float
     compute_s: float
     comm_s: float
@@ -46,8 +49,10 @@ def plan_totals(plan: Plan) -> Totals:
     compute = sum(c.compute_s for c in costs)
     comm = sum(c.comm_s for c in costs) + sum(r.seconds for r in plan.redistributions)
     recompute = sum(c.recompute_s for c in costs)
-    return Totals(peak_memory_bytes=states + saved + transient, model_state_bytes=states, activation_bytes=saved,
-                  transient_bytes=transient, step_time_s=compute + comm + recompute, compute_s=compute,
+    sp = step_peak([(c.state_bytes, c.saved_bytes, c.transient_bytes) for c in costs], plan.options.bytes_per_param)
+    return Totals(peak_memory_bytes=sp.peak, model_state_bytes=states, activation_bytes=saved,
+                  transient_bytes=transient, released_bytes=sp.released, step_time_s=compute + comm + recompute,
+                  compute_s=compute,
                   comm_s=comm, comm_bytes=sum(c.comm_bytes for c in costs)
                   + sum(r.comm_bytes for r in plan.redistributions), recompute_s=recompute)
 
@@ -97,7 +102,8 @@ def summary_table(plan: Plan) -> Table:
     fits = "fits" if p.peak_memory_bytes <= plan.budget_bytes else "DOES NOT FIT"
     table.add_row("peak memory", f"{format_bytes(p.peak_memory_bytes)} per rank = states "
                                  f"{format_bytes(p.model_state_bytes)} + activations {format_bytes(p.activation_bytes)}"
-                                 f" + transient {format_bytes(p.transient_bytes)} ({fits} the budget of "
+                                 f" + transient {format_bytes(p.transient_bytes)} - not alive together "
+                                 f"{format_bytes(p.released_bytes)} ({fits} the budget of "
                                  f"{format_bytes(plan.budget_bytes)})")
     table.add_row("step time", f"{format_seconds(p.step_time_s)} = compute {format_seconds(p.compute_s)} + comm "
                                f"{format_seconds(p.comm_s)} + recompute {format_seconds(p.recompute_s)}")

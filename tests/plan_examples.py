@@ -85,9 +85,14 @@ def make_plan() -> Plan:
     compute = 1.5e-05 + 0.000375 + 2.5e-05 + 0.000375
     comm = 0.000125 + 0.00025 + 0.0 + 0.00025 + 0.0 + 3.5e-05
     recompute = 0.0003125 + 1.25e-05 + 0.0003125
+    # The step's peak (cost_models.memory.step_peak): at wte's backward every gradient exists (a quarter of
+    # each op's 16 bytes per parameter) and only wte's 4,096 saved bytes are left, with its transient:
+    # 22_020_096 + 4_096 + 786_432 = 22_810_624 (fc's backward: 22_020_096 - 3_145_728 + 397_312 + 3_145_728
+    # = 22_417_408; the optimizer step: 22_020_096).
+    peak = 22_810_624
     predicted = Predicted(
-        peak_memory_bytes=states + saved + transient, model_state_bytes=states, activation_bytes=saved,
-        transient_bytes=transient, step_time_s=compute + comm + recompute, compute_s=compute, comm_s=comm,
+        peak_memory_bytes=peak, model_state_bytes=states, activation_bytes=saved,
+        transient_bytes=transient, released_bytes=states + saved + transient - peak, step_time_s=compute + comm + recompute, compute_s=compute, comm_s=comm,
         comm_bytes=1_572_864 + 5_505_024 + 5_505_024 + 786_432, recompute_s=recompute, per_op=per_op)
     return Plan(
         model=ModelInfo(name="gpt-mlp-example", fingerprint="sha256:0123456789abcdef"),

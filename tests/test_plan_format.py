@@ -34,7 +34,7 @@ def test_json_keys_follow_the_contract() -> None:
     assert set(data["redistributions"][0]) == {"src", "dst", "shape", "src_layout", "dst_layout", "steps",
                                                "comm_bytes", "seconds"}
     assert set(data["predicted"]) == {"peak_memory_bytes", "model_state_bytes", "activation_bytes",
-                                      "transient_bytes", "step_time_s", "compute_s", "comm_s", "comm_bytes",
+                                      "transient_bytes", "released_bytes", "step_time_s", "compute_s", "comm_s", "comm_bytes",
                                       "recompute_s", "per_op"}
     assert set(data["predicted"]["per_op"][0]) == {"node", "scheme", "time_s", "comm_bytes", "state_bytes",
                                                    "saved_bytes"}
@@ -63,7 +63,8 @@ def test_floats_are_written_by_repr() -> None:
 def test_attribute_access_and_strategy() -> None:
     plan = Plan.from_json(make_plan().to_json())
     assert plan.feasible is True
-    assert plan.predicted.peak_memory_bytes == 25_563_136
+    assert plan.predicted.peak_memory_bytes == 22_810_624  # at wte's backward (tests/plan_examples.py)
+    assert plan.predicted.released_bytes == 25_563_136 - 22_810_624  # states + saved + transient - peak
     assert plan.predicted.activation_bytes == 397_312
     assert plan.predicted.step_time_s == pytest.approx(0.0020875)
     assert plan.world_size == 8

@@ -73,19 +73,20 @@ def test_scheme_map_refuses_mismatched_titles():
         scheme_map_figure([make_plan()], titles=["a", "b"])
 
 
-def test_memory_bars_add_up_to_the_peak(tiny_plans):
+def test_memory_bars_add_up_to_the_bound(tiny_plans):
     fig = memory_figure(tiny_plans, labels=["tight", "fastest"])
     ax = fig.axes[0]
     _labelled(ax)
-    unit, scale = byte_unit(max(p.predicted.peak_memory_bytes for p in tiny_plans))
+    unit, scale = byte_unit(max(p.predicted.bound_bytes for p in tiny_plans))
     assert unit in ax.get_ylabel()
     bars = [r for r in ax.patches if isinstance(r, Rectangle)]
     assert len(bars) == 3 * len(tiny_plans)  # states, activations, transient per plan
     for i, p in enumerate(tiny_plans):
         top = max(r.get_y() + r.get_height() for r in bars[i::len(tiny_plans)])
-        assert top == pytest.approx(p.predicted.peak_memory_bytes / scale, rel=1e-9)
+        assert top == pytest.approx(p.predicted.bound_bytes / scale, rel=1e-9)
+        assert p.predicted.peak_memory_bytes <= p.predicted.bound_bytes
     names = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert names == ["model states", "saved activations", "transient", "budget"]
+    assert names == ["model states", "saved activations", "transient", "predicted peak", "budget"]
 
 
 def test_byte_unit():

@@ -108,6 +108,10 @@ class _Canon:
         self._hash = hash(self.key)
 
     @property
+    def attrs(self) -> dict[str, Any]:
+        return self._attrs
+
+    @property
     def op(self) -> OpNode:
         if self._op is None:
             kind, target, input_meta, outputs, params, n_inputs, _ = self.key
@@ -195,8 +199,10 @@ def _priced(canon: _Canon, strategy: Strategy, mesh: Mesh, hw: HardwareProfile, 
     comm = fwd_comm + sum(collective_seconds(c, mesh, hw) for c in usage.collectives if c.phase != "forward")
     fwd_compute = roofline_seconds(usage.fwd_flops, usage.fwd_bytes, usage.dtype, hw)
     bwd_compute = roofline_seconds(usage.bwd_flops, usage.bwd_bytes, usage.dtype, hw)
+    # An op whose output carries no gradient (hint no_grad) records no autograd node: it saves nothing.
+    saved = () if canon.attrs.get("no_grad") else tuple(usage.saved)
     return OpCost(
-        param_elems=usage.param_elems, state_bytes=usage.param_elems * bpp, saved=tuple(usage.saved),
+        param_elems=usage.param_elems, state_bytes=usage.param_elems * bpp, saved=saved,
         transient_bytes=usage.transient_bytes, flops=usage.fwd_flops + usage.bwd_flops,
         fwd_flops=usage.fwd_flops, compute_s=fwd_compute + bwd_compute, fwd_compute_s=fwd_compute,
         collectives=tuple(usage.collectives), comm_s=comm, fwd_comm_s=fwd_comm, notes=tuple(usage.notes),

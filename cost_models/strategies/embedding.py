@@ -54,7 +54,7 @@ def _usage(op: OpNode, mesh: Mesh, ids_l: Layout, w_store: Layout, w_eff: Layout
     wp = op.params[0]
     wm = TensorMeta(wp.shape, wp.dtype)
     u = Usage(mesh, dtype=y.dtype)
-    u.param_elems = w_store.local_numel(wm.shape, mesh)
+    u.param_elems = 0 if "weight" in op.attrs.get("tied", ()) else w_store.local_numel(wm.shape, mesh)
     w_gather = plan_redistribution(wm.shape, wm.itemsize, w_store, w_eff, mesh)
     y_reduce = plan_redistribution(y.shape, y.itemsize, y_eff, y_out, mesh)
     u.steps(w_gather, "forward", "weight")

@@ -168,7 +168,11 @@ def split_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> I
         if not all(out.fits(o.shape, mesh) for o in op.outputs):
             yield f"parts of {lay} do not divide"
             continue
-        yield Strategy("follow", (lay,), (out,) * parts), Usage(mesh, dtype=x.dtype)
+        u = Usage(mesh, dtype=x.dtype)
+        # Backward: autograd holds the gradients of the parts until all have arrived (together the input's
+        # size) and concatenates them into a new tensor of the input's size: twice the input, alive at once.
+        u.temp(2 * local_bytes(x, lay, mesh))
+        yield Strategy("follow", (lay,), (out,) * parts), u
 
 
 def _index_map(index: object, in_nd: int) -> list[int | None] | None:

@@ -16,6 +16,13 @@ Rules see one op at a time, but two choices depend on the graph around it:
   gradient all-reduce. On a linear (set only when
   False, so ordinary graphs keep their signatures): its input is a graph input or computed from inputs
   alone, so the backward computes no input gradient: no dX reduction, no re-gathered weight for it.
+* `attrs["no_grad"] = True` on an op whose output carries no gradient (no parameter, no input that
+  carries one: the attention mask HF builds from arange/full/cumsum and the `where` that turns it into
+  an additive bias): autograd records no node for it, so it saves nothing (measured: HF GPT-2's mask
+  `where` saves no condition). Set only when true, so ordinary ops keep their signatures.
+* `attrs["tied"] = ("weight", ...)` on an op whose parameters of those roles belong to an earlier op (a
+  head tied to the token embedding): the earlier op stores them (one copy of the parameter, its
+  gradient and optimizer state per rank, in its layout), so this op's rule counts no state for them.
 
 Call `mark_graph_hints(ops)` once on the captured op list before enumerating strategies (the plan builder
 does). Without it the rules assume no fused outputs and no copies.
@@ -45,8 +52,8 @@ def equal_last_dim_split(op: OpNode) -> int:
 
 
 def mark_graph_hints(ops: list[OpNode]) -> None:
-    """Set the `out_segments`, `copies_inputs` and `grad_inputs` hints (see the module docstring) in place;
-    `ops` in execution order. Idempotent."""
+    """Set the `out_segments`, `copies_inputs`, `grad_inputs`, `no_grad` and `tied` hints (see the module
+    docstring) in place; `ops` in execution order. Idempotent."""
     by_name = {op.name: op for op in ops}
     consumers: dict[str, list[OpNode]] = defaultdict(list)
     for op in ops:
@@ -55,7 +62,17 @@ def mark_graph_hints(ops: list[OpNode]) -> None:
     flows: dict[str, bool] = {}
     for op in ops:  # execution order: an output carries a gradient when computed from a parameter
         flows[op.name] = bool(op.params) or any(flows.get(src, False) for src in op.inputs)
+    owner: dict[str, str] = {}  # parameter name -> the first op that uses it
     for op in ops:
+        if flows[op.name] or op.kind in ("input", "output"):
+            op.attrs.pop("no_grad", None)
+        else:
+            op.attrs["no_grad"] = True
+        tied = tuple(p.role for p in op.params if owner.setdefault(p.name, op.name) != op.name)
+        if tied:
+            op.attrs["tied"] = tied
+        else:
+            op.attrs.pop("tied", None)
         if op.kind == "elementwise":
             op.attrs["grad_inputs"] = tuple(flows.get(src, False) for src in op.inputs)
         if op.kind == "linear":

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cost_models.layout import Axes, Layout
+from cost_models.memory import conversion_working_set
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, ParamInfo, TensorMeta
 from cost_models.redistribution import backward_steps, plan_redistribution
@@ -265,11 +266,12 @@ def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
                  "grad_weight")
 
     # Parameters (and the bias, stored like y's feature dim, its gradient summed over y's token axes).
-    u.param_elems = w_store.local_numel(w_shape_nk, mesh)
+    # A weight tied to an earlier op's parameter (hint tied) is that op's state, not this one's.
+    u.param_elems = 0 if "weight" in op.attrs.get("tied", ()) else w_store.local_numel(w_shape_nk, mesh)
     if bias is not None:
         b_layout = _bias_layout(plan)
         b_meta = TensorMeta(bias[1].shape, bias[1].dtype)
-        u.param_elems += b_layout.local_numel(b_meta.shape, mesh)
+        u.param_elems += 0 if "bias" in op.attrs.get("tied", ()) else b_layout.local_numel(b_meta.shape, mesh)
         y_token_axes = tuple(a for d in plan.y_out.dims[:-1] for a in d)
         u.collective("all_reduce", y_token_axes, local_bytes(b_meta, b_layout, mesh), "backward", "grad_bias")
 
@@ -283,16 +285,30 @@ def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
     if w_gathered and not plan.regather_weight:
         u.save(f"{op.name}:weight:{w_eff}", w_eff_bytes)
 
-    # Transient buffers, per phase (temporaries alive together that nothing else counts).
+    # Transient buffers, per phase (temporaries alive together that nothing else counts), as layers3d's
+    # ParallelLinear allocates them. Forward: a gathered input or weight that is not saved, and the
+    # reduction of the partial output (the partial, the collective's staging and the reduced output:
+    # cost_models.memory.conversion_working_set). Backward: dY as it arrives (and gathered), dX as the
+    # matmul writes it and its reduction, and dW's buffers beyond the gradient autograd keeps, when dW is
+    # transposed back (a weight stored (in, out), as HF Conv1D does), reduce-scattered or all-reduced
+    # (layers3d.comm copies before reducing). Measured on HF GPT-2 tiny's MLP projection (replicated,
+    # (128, 512) input): dY 65,536 + dX 262,144 + dW copy 262,144 B.
     y_eff_bytes, y_out_bytes = local_bytes(y, y_eff, mesh), local_bytes(y, plan.y_out, mesh)
     fwd = (x_eff_bytes if x_gather and plan.save_input == "in" else 0) \
         + (w_eff_bytes if w_gathered and plan.regather_weight else 0) \
-        + (y_eff_bytes if y_eff_bytes > y_out_bytes else 0)
-    bwd = (y_eff_bytes if y_eff_bytes > y_out_bytes else 0) \
-        + (local_bytes(x, dx_partial, mesh) if local_bytes(x, dx_partial, mesh) > x_in_bytes else 0) \
+        + conversion_working_set(y_reduce, y.shape, y.itemsize, mesh)
+    dw_ar = tuple(a for a in token_axes if a not in extra)
+    # dW's chain: the matmul's result (and its transposed copy), its reduce-scatter to the stored shard, its
+    # all-reduce copy; the last buffer is the gradient autograd keeps (counted with the states).
+    dw_chain = max(2 * w_eff_bytes if op.attrs.get("weight_transposed") else w_eff_bytes,
+                   conversion_working_set(backward_steps(w_gather, w_shape_nk, w_item, mesh), w_shape_nk, w_item,
+                                          mesh) if w_gather else 0,
+                   2 * w_store_bytes if dw_ar else 0)
+    dx_ws = (conversion_working_set(dx_reduce, x.shape, x.itemsize, mesh) or x_in_bytes) if input_grad else 0
+    bwd = y_out_bytes + (y_eff_bytes if y_eff_bytes > y_out_bytes else 0) + dx_ws \
         + (x_eff_bytes if x_gather and plan.save_input == "in" else 0) \
         + (w_eff_bytes if w_gathered and plan.regather_weight else 0) \
-        + (w_eff_bytes if extra else 0)
+        + max(0, dw_chain - w_store_bytes)
     u.temp(max(fwd, bwd))
 
     # FLOPs (torch.utils.flop_counter: 2 m k n forward, twice that backward) and memory traffic.
