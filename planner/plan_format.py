@@ -150,12 +150,12 @@ class Predicted:
     model_state_bytes: int
     activation_bytes: int
     transient_bytes: int
-    released_bytes: int
     step_time_s: float
     compute_s: float
     comm_s: float
     comm_bytes: int
     recompute_s: float
+    released_bytes: int = 0  # absent in plans written before it existed, whose peak was the bound
     per_op: list[OpPrediction] = field(default_factory=list)
 
     @property

@@ -201,14 +201,17 @@ class JsonReader:
         self._expect(isinstance(data, dict), "an object", data, path)
         hints = _shape(cls)[1]
         names = list(hints)
-        missing = [n for n in names if n not in data]
+        # a field with a default may be absent (plans written before the field existed)
+        optional = {f.name for f in dataclasses.fields(cls)
+                    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+        missing = [n for n in names if n not in data and n not in optional]
         if missing:
             raise PlanError(f"missing key {missing[0]!r} in {path or 'the top level'}; {REPLAN}")
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise PlanError(f"unknown key {unknown[0]!r} in {path or 'the top level'} (the keys there are "
                             f"{', '.join(sorted(names))}); {REPLAN}")
-        return cls(**{n: self.value(data[n], h, _join(path, n)) for n, h in hints.items()})
+        return cls(**{n: self.value(data[n], h, _join(path, n)) for n, h in hints.items() if n in data})
 
     def layout(self, data: Any, path: str) -> Layout:
         self._expect(isinstance(data, dict), "a layout object", data, path)

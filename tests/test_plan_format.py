@@ -110,6 +110,17 @@ def test_save_and_load(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
+def test_a_plan_written_before_released_bytes_loads_with_its_peak_as_the_bound() -> None:
+    data = make_plan().to_dict()
+    pred = data["predicted"]
+    pred["peak_memory_bytes"] += pred.pop("released_bytes")  # what planner wrote before the field existed
+    old = Plan.from_json(json.dumps(data)).predicted
+    assert old.released_bytes == 0 and old.peak_memory_bytes == old.bound_bytes == make_plan().predicted.bound_bytes
+    del data["schema_version"]  # a key without a default is still required
+    with pytest.raises(PlanError, match="schema_version"):
+        Plan.from_json(json.dumps(data))
+
+
 def _fail(*_: Any, **__: Any) -> Any:
     raise RuntimeError("simulated failure")
 
