@@ -125,3 +125,30 @@ def test_conversion_working_sets_count_in_every_solver(seed: int) -> None:
         assert priced.peak_bytes <= problem.budget_bytes and priced.objective >= ref.objective * (1 - 1e-9)
     else:
         assert priced.status == "infeasible" and priced.min_feasible_budget >= ref.min_feasible_budget
+
+
+def test_dropping_unusable_columns_keeps_the_column_ilp_optimum() -> None:
+    from planner.solve.columns import PricedSolve
+
+    dropped = 0
+    for seed in (2, 3, 4):  # two budgets that fit and one that does not
+        rng = np.random.default_rng(6000 + seed)
+        problem = _with_conversion_work(repeated_blocks(
+            rng, n_blocks=int(rng.integers(3, 6)), block_nodes=4, choices=3, residual=seed % 2 == 0,
+            budget_fraction=float(rng.uniform(0.35, 0.6))), rng)
+        ip = IndexedProblem(problem)
+        ps = PricedSolve(ip, decompose(ip))
+        ps.solve("highs", 30.0)
+        full = ps._outer(None, fit=False)
+        ref = full.outer("time", "highs", 1e18)
+        kept = ps._outer(None)
+        dropped += sum(map(len, full.points)) - sum(map(len, kept.points))
+        got = kept.outer("time", "highs", 1e18)
+        if not np.isfinite(ref.value):
+            assert not np.isfinite(got.value)
+            continue
+        assert got.value == pytest.approx(ref.value, rel=1e-9)
+        # with a bar just above the optimum, the columns that could beat it still include the optimum's
+        loose = ps._outer(None, upper=ref.value * (1 + 1e-6))
+        assert loose.outer("time", "highs", 1e18).value == pytest.approx(ref.value, rel=1e-9)
+    assert dropped > 0  # the budget did rule columns out

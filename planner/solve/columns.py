@@ -15,7 +15,12 @@ column), which mixes them exactly under the budget, max term included: a few lay
 on another scheme. The answer is never worse than the best priced assignment that fits, and its gap to
 the best lower bound is reported (status "optimal" only when the gap closes).
 
-Prices do not see the max term, so searches also run under transient caps. And so that the mix is never
+Prices do not see the max term, so searches also run under transient caps, and where no price fits, with
+the bytes a checkpointed block recomputes priced like additive bytes (its recompute peak, activations plus
+its largest working set, is then the max term to shrink). Before each column ILP the columns that cannot
+be in an answer that fits, or that beats the best answer so far, are dropped (`_usable`): at tight budgets
+that is most of them (gpt-tiny on 2x2x2 at 420 KiB: 11,184 -> 1,299), and the ILP that timed out without
+an answer solves in a few seconds. And so that the mix is never
 worse than one scheme throughout (what a user would otherwise pick), a short search per uniform scheme
 ranks them; the closest gets the full search and a column ILP of its own blocks, whose answer prunes the
 ILP of all blocks (at a budget that no price fits, every scheme gets the full search and its own ILP).
@@ -194,6 +199,8 @@ class PricedSolve:
         if only:  # start where a solve restricted to these choices would: from their own fastest assignment
             mu0 = self.evaluate(Price(1.0, self.tiny, only=only)).time_s / max(ip.budget, 1) * 1e-2
         hi = self._search(mu0, top, Price(1.0, 0.0, only=only), _SEARCH_STEPS, deadline)
+        if hi is None:  # the recompute peaks may be what does not fit: price their bytes too
+            hi = self._search(mu0, top, Price(1.0, 0.0, only=only), _SEARCH_STEPS, deadline, tie=True)
         if hi is None:
             least = self.evaluate(Price(0.0, 1.0, 1.0, only=only))
             for cap in self._caps(least.choice, _CAPS_TIGHT, only):
@@ -217,6 +224,7 @@ class PricedSolve:
         nothing that fits either)."""
         if self.evaluate(replace(base, a=0.0, b=1.0, c=1.0)).peak <= self.ip.budget:
             self._search(mu0, top, base, 3, deadline)
+            self._search(mu0, top, base, 3, deadline, tie=True)
 
     def _closest(self, groups: list[tuple[str, ...]]) -> tuple[str, ...] | None:
         """The uniform group whose assignments came closest: the fastest that fits, else the least peak."""
@@ -227,18 +235,20 @@ class PricedSolve:
             return min(fits, key=lambda r: r.time_s).price.only
         return min(runs, key=lambda r: r.peak).price.only if runs else None
 
-    def _search(self, mu: float, top: float, base: Price, steps: int, deadline: float) -> float | None:
-        """The cheapest price (of `base` with b = mu) whose minimiser fits: grow mu tenfold until one fits,
-        then bisect on log(mu) for at most `steps` steps. None when none fits below `top`.
+    def _search(self, mu: float, top: float, base: Price, steps: int, deadline: float,
+                tie: bool = False) -> float | None:
+        """The cheapest price (of `base` with b = mu, and c = mu too with `tie`) whose minimiser fits: grow
+        mu tenfold until one fits, then bisect on log(mu) for at most `steps` steps. None when none fits
+        below `top`.
 
         The minimiser's additive bytes only fall as mu grows, and once they reach those of the minimiser
         at `top` (the least additive bytes, fastest among those), larger prices give that same assignment:
         when it does not fit, the growth stops there."""
         ip = self.ip
-        limit = self.evaluate(replace(base, b=top))
+        limit = self.evaluate(replace(base, b=top, c=top if tie else base.c))
         lo, hi = 0.0, (top if limit.peak <= ip.budget else None)
         while mu < top and time.perf_counter() < deadline:
-            r = self.evaluate(replace(base, b=mu))
+            r = self.evaluate(replace(base, b=mu, c=mu if tie else base.c))
             if r.peak <= ip.budget:
                 hi = mu
                 break
@@ -251,7 +261,7 @@ class PricedSolve:
             if time.perf_counter() > deadline or (lo > 0 and hi / lo < _SEARCH_RATIO):
                 break
             mid = np.sqrt(lo * hi) if lo > 0 else hi / 10
-            if self.evaluate(replace(base, b=mid)).peak <= ip.budget:
+            if self.evaluate(replace(base, b=mid, c=mid if tie else base.c)).peak <= ip.budget:
                 hi = mid
             else:
                 lo = mid
@@ -311,8 +321,8 @@ class PricedSolve:
         share = max(1.0, searched / max(len(firsts), 1))
         rounds = [([group], share) for group in firsts] + [(mixed, max(1.0, 2 * searched))]
         for only, seconds in rounds:
-            outer = self._outer(only)
             upper = answer[2] if answer is not None else np.inf
+            outer = self._outer(only, upper)
             rnd = outer.outer("time", solver, min(deadline, time.perf_counter() + seconds), upper, rel_gap=_ILP_GAP)
             if rnd.res.x is not None and rnd.value < upper:
                 answer = (rnd.choice, rnd.ckpt, rnd.value)
@@ -321,7 +331,7 @@ class PricedSolve:
             value = answer[2]
             gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
             return self._solution(*answer, start, gap, solver, rnd.res.status)
-        least = outer.outer("memory", solver, max(deadline, time.perf_counter() + 10.0))
+        least = self._outer(rounds[-1][0], fit=False).outer("memory", solver, max(deadline, time.perf_counter() + 10.0))
         found = LeastMemory(int(least.value), least.choice, least.ckpt, False,
                             "smallest feasible budget found by the priced search (an upper bound; not proven "
                             "minimal)") if least.res.x is not None else LeastMemory(
@@ -329,7 +339,7 @@ class PricedSolve:
         base = dict(seconds=time.perf_counter() - start, solver=resolve_solver(solver), method="priced")
         return infeasible_or_fallback(ip, found, base)
 
-    def _outer(self, only: list[tuple[str, ...]] | None) -> TwoLevel:
+    def _outer(self, only: list[tuple[str, ...]] | None, upper: float = np.inf, fit: bool = True) -> TwoLevel:
         """The column ILP over the blocks that the prices restricted to one of `only` found (every price's
         when None); the outer nodes and segment ends take the choices those priced assignments gave them."""
         runs = [r for r in self.priced if only is None or r.price.only in only]
@@ -340,7 +350,43 @@ class PricedSolve:
             for v in self.dec.outer_nodes + [seg.out for seg in self.dec.segments if seg.out is not None]:
                 used.setdefault(v, set()).add(r.choice[v])
         outer.allowed = {v: np.array(sorted(c), dtype=np.int64) for v, c in used.items()}
+        if fit:
+            outer.points = self._usable(outer.points, outer.allowed, upper)
         return outer
+
+    def _usable(self, points: list[list[FrontierPoint]], allowed: dict[int, np.ndarray],
+                upper: float) -> list[list[FrontierPoint]]:
+        """The columns that can be part of an answer that fits the budget and beats `upper` (seconds).
+
+        With every other block at its class's least additive bytes (resp. least time) and every outer node
+        at its least, a column whose own bytes plus its max term still exceed the budget, or whose own
+        time makes the step no faster than `upper`, is in no such answer: dropped (exact, not a heuristic).
+        At tight budgets most columns are fast blocks that need more memory than is left; without them the
+        ILP is a fraction of the size. Repeated while it drops columns (the bounds rise as columns go)."""
+        ip, dec = self.ip, self.dec
+        outer_add = outer_time = outer_top = 0.0
+        for v in dec.outer_nodes:
+            opts = allowed.get(v, np.arange(ip.sizes[v]))
+            outer_add += float((ip.state[v] + ip.saved[v])[opts].min())
+            outer_time += float(ip.time[v][opts].min())
+            outer_top = max(outer_top, float(ip.transient[v][opts].min()))
+        count = [0] * len(points)
+        for seg in dec.segments:
+            count[seg.cls] += len(seg.blocks)
+        while True:
+            if any(not pts for pts, m in zip(points, count) if m):
+                return points
+            least_add = [min((pt.add_bytes for pt in pts), default=0) for pts in points]
+            least_time = [min((pt.time_s for pt in pts), default=0.0) for pts in points]
+            add = outer_add + sum(m * x for m, x in zip(count, least_add))
+            secs = outer_time + sum(m * x for m, x in zip(count, least_time))
+            kept = [[pt for pt in pts
+                     if add - least_add[k] + pt.add_bytes + max(pt.max_bytes, outer_top) <= ip.budget
+                     and secs - least_time[k] + pt.time_s < upper * (1 + 1e-9)]
+                    for k, pts in enumerate(points)]
+            if sum(map(len, kept)) == sum(map(len, points)):
+                return kept
+            points = kept
 
     def _columns(self, runs: list[_Priced], priced_tables: list[list[BlockTable]]) -> list[list[FrontierPoint]]:
         """Per class: the blocks of `priced_tables` (the cheapest under each price), restricted to the
