@@ -37,6 +37,7 @@ def explain(args: argparse.Namespace) -> int:
     for line in problems:
         print(f"warning: {line}", file=sys.stderr)
     agreement = "the ops add up to" if not problems else "the ops do NOT add up to"
-    console.print(f"{agreement} the prediction: peak {format_bytes(p.peak_memory_bytes)} per rank (budget "
+    console.print(f"{agreement} the prediction: peak {format_bytes(p.peak_memory_bytes)} per rank, "
+                  f"{format_bytes(p.bound_bytes)} with everything alive together (budget "
                   f"{format_bytes(plan.budget_bytes)}), step {format_seconds(p.step_time_s)}")
     return 1 if problems else 0

@@ -99,12 +99,13 @@ def summary_table(plan: Plan) -> Table:
     ckpt = f"{len(plan.checkpoint)} of {len(blocks)} blocks" + (f": {_names(plan.checkpoint)}" if plan.checkpoint
                                                                  else "")
     table.add_row("checkpointed", ckpt if blocks else "no repeated blocks")
-    fits = "fits" if p.peak_memory_bytes <= plan.budget_bytes else "DOES NOT FIT"
+    # the budget is checked against the sum with everything alive together (Predicted.bound_bytes)
+    fits = "fits" if p.bound_bytes <= plan.budget_bytes else "DOES NOT FIT"
     table.add_row("peak memory", f"{format_bytes(p.peak_memory_bytes)} per rank = states "
                                  f"{format_bytes(p.model_state_bytes)} + activations {format_bytes(p.activation_bytes)}"
                                  f" + transient {format_bytes(p.transient_bytes)} - not alive together "
-                                 f"{format_bytes(p.released_bytes)} ({fits} the budget of "
-                                 f"{format_bytes(plan.budget_bytes)})")
+                                 f"{format_bytes(p.released_bytes)} (the sum without it, "
+                                 f"{format_bytes(p.bound_bytes)}, {fits} the budget of {format_bytes(plan.budget_bytes)})")
     table.add_row("step time", f"{format_seconds(p.step_time_s)} = compute {format_seconds(p.compute_s)} + comm "
                                f"{format_seconds(p.comm_s)} + recompute {format_seconds(p.recompute_s)}")
     table.add_row("communication", f"{format_bytes(p.comm_bytes)} per rank per step, "
