@@ -47,11 +47,11 @@ class MeshResult:
 
 
 def _fit(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan], budget: int, solver: str,
-         time_limit: float) -> tuple[Solution, Plan | None]:
-    """Solve under `budget`, tightening the solver's budget by the plan's excess until the plan fits:
-    (solution, plan that fits) or (last solution, None)."""
+         time_limit: float, shrink: int = 0) -> tuple[Solution, Plan | None]:
+    """Solve under `budget` - `shrink` (negative: a looser budget for the solver), tightening the solver's
+    budget by the plan's excess until the plan fits: (solution, plan that fits) or (last solution, None)."""
     problem = built.problem
-    shrink, seconds = 0, 0.0
+    seconds = 0.0
     try:
         for _ in range(_FIT_ROUNDS):
             cap = budget - shrink
@@ -103,6 +103,14 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
     least.status, least.message = "feasible", "the least-memory assignment"
     found = assemble(built, least)
     if found.predicted.bound_bytes <= budget:
+        # The solver's model counted more than the plan does (a checkpointed block's recompute peak is an
+        # upper bound there): ask it again with its budget loosened by that difference, for a faster plan
+        # that still fits the plan's accounting (gpt-tiny on 2x2x2 at 454,272 B: 2.29 -> 2.00 ms).
+        over = least.peak_bytes - found.predicted.bound_bytes
+        if over > 0:
+            sol, q = _fit(built, assemble, budget, solver, time_limit, shrink=-over)
+            if q is not None and sol.objective < least.objective:
+                return MeshResult(mesh, q, sol.objective)
         return MeshResult(mesh, found, least.objective)
     smallest = found.predicted.bound_bytes
     for _ in range(_LEAST_ROUNDS):  # the same steps as when the budget was reported: re-planning meets it

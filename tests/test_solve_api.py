@@ -106,3 +106,28 @@ def test_fit_tightens_by_what_the_plan_counts_beyond_the_solver() -> None:
     assert problem.budget_bytes == budget  # restored
     problem.budget_bytes = budget - extra  # the best answer with room for the plan's extra bytes
     assert sol.objective == pytest.approx(solve(problem).objective, rel=1e-9)
+
+
+def test_a_plan_that_counts_less_than_the_solver_gets_the_room_back() -> None:
+    """plan_meshes.plan_mesh: where the solver's model counts more than the assembled plan (and so finds
+    nothing under the budget), the least-memory plan fits; the solver is then asked again with its budget
+    loosened by the difference, for a faster plan that still fits the plan's accounting."""
+    from types import SimpleNamespace
+
+    from planner.plan_meshes import plan_mesh
+
+    problem = repeated_blocks(np.random.default_rng(3), n_blocks=4, block_nodes=4, choices=3, budget_fraction=0.7)
+    problem.budget_bytes = 0
+    least = solve(problem)
+    over = least.peak_bytes // 10  # what the solver's model counts beyond the plan's accounting
+    budget = least.peak_bytes - over // 2  # below the solver's least memory, above the plan's
+
+    def assemble(built: SimpleNamespace, sol) -> SimpleNamespace:
+        return SimpleNamespace(predicted=SimpleNamespace(bound_bytes=sol.peak_bytes - over))
+
+    got = plan_mesh("mesh", lambda _: SimpleNamespace(problem=problem), assemble, budget, solver="highs",
+                    time_limit=30.0)
+    assert got.plan is not None and got.plan.predicted.bound_bytes <= budget
+    problem.budget_bytes = budget + over  # the solver's budget that leaves the plan within `budget`
+    assert got.objective == pytest.approx(solve(problem).objective, rel=1e-9)
+    assert got.objective < least.objective  # faster than the least-memory plan it used to return
