@@ -3,7 +3,9 @@
 The sweep runs from the smallest budget any plan fits (`InfeasibleError.min_budget_bytes` of a plan asked
 to fit in 1 byte) to the peak memory of the fastest plan (asked with an unlimited budget), where the plan
 stops changing, in geometric steps. The same sweep is made for the uniform-scheme baselines (each scheme
-alone, with checkpointing allowed and without it). Results go to PREFIX.csv and PREFIX.png.
+alone, with checkpointing allowed and without it), each also planned at the smallest budget it fits; the
+planner is planned at those budgets too, so that it is compared wherever a baseline's line steps down.
+Results go to PREFIX.csv and PREFIX.png.
 """
 
 from __future__ import annotations
@@ -234,8 +236,6 @@ def frontier(args: argparse.Namespace) -> int:
     budgets = budget_sweep(span.low, span.high, args.budgets)
     console.print(f"{example.name}: plans fit from {format_bytes(span.low)} per GPU; the fastest plan needs "
                   f"{format_bytes(span.high)}; sweeping {len(budgets)} budgets")
-    with progress(f"planning {example.name} at {len(budgets)} budgets"):
-        planner_curve = trace_curve("planner", main, InfeasibleError, budgets, span)
     curves = []
     for scheme in baselines:
         for ckpt in (True, False):
@@ -243,6 +243,12 @@ def frontier(args: argparse.Namespace) -> int:
             with progress(f"baseline {label}"):
                 curves.append(trace_curve(label, plan_with(schemes=[scheme], checkpointing=ckpt), InfeasibleError,
                                           budgets))
+    # The planner is also planned where a baseline starts to fit, so the two are compared at the budgets
+    # where a baseline's line steps down, not only at the sweep's.
+    starts = {c.feasible[0][0] for c in curves if c.feasible} - set(budgets)
+    budgets = sorted({*budgets, *(b for b in starts if span.low < b < span.high)})
+    with progress(f"planning {example.name} at {len(budgets)} budgets"):
+        planner_curve = trace_curve("planner", main, InfeasibleError, budgets, span)
     for c in [planner_curve, *curves]:
         best = min((p.predicted.step_time_s for _, p in c.feasible), default=None)
         detail = f"best {format_seconds(best)}, fits from {format_bytes(c.feasible[0][0])}" if best is not None \
