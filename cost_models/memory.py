@@ -138,7 +138,6 @@ def conversion_pair_working_set(forward: Sequence[Step], backward: Sequence[Step
     return max(conversion_working_set(steps, shape, itemsize, mesh) for steps in (forward, backward))
 
 
-
 def grad_bytes_per_param(bytes_per_param: int | str) -> int:
     """Bytes of gradient per parameter element within `bytes_per_param`: an fp32 gradient (4) whenever the
     states hold more than a 4-byte weight (fp32_adam, bf16_mixed, any optimizer), none for weights alone

@@ -105,7 +105,7 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
     if found.predicted.bound_bytes <= budget:
         # The solver's model counted more than the plan does (a checkpointed block's recompute peak is an
         # upper bound there): ask it again with its budget loosened by that difference, for a faster plan
-        # that still fits the plan's accounting (gpt-tiny on 2x2x2 at 454,272 B: 2.29 -> 2.00 ms).
+        # that still fits the plan's accounting (gpt-tiny on 2x2x2 at 454,272 B: 2.29 -> 1.72 ms).
         over = least.peak_bytes - found.predicted.bound_bytes
         if over > 0:
             sol, q = _fit(built, assemble, budget, solver, time_limit, shrink=-over)

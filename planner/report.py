@@ -52,8 +52,7 @@ def plan_totals(plan: Plan) -> Totals:
     sp = step_peak([(c.state_bytes, c.saved_bytes, c.transient_bytes) for c in costs], plan.options.bytes_per_param)
     return Totals(peak_memory_bytes=sp.peak, model_state_bytes=states, activation_bytes=saved,
                   transient_bytes=transient, released_bytes=sp.released, step_time_s=compute + comm + recompute,
-                  compute_s=compute,
-                  comm_s=comm, comm_bytes=sum(c.comm_bytes for c in costs)
+                  compute_s=compute, comm_s=comm, comm_bytes=sum(c.comm_bytes for c in costs)
                   + sum(r.comm_bytes for r in plan.redistributions), recompute_s=recompute)
 
 

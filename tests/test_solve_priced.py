@@ -139,9 +139,10 @@ def test_dropping_unusable_columns_keeps_the_column_ilp_optimum() -> None:
         ip = IndexedProblem(problem)
         ps = PricedSolve(ip, decompose(ip))
         ps.solve("highs", 30.0)
-        full = ps._outer(None, fit=False)
+        full = ps._outer(None)
         ref = full.outer("time", "highs", 1e18)
         kept = ps._outer(None)
+        kept.points = ps._usable(kept.points, kept.allowed, np.inf)
         dropped += sum(map(len, full.points)) - sum(map(len, kept.points))
         got = kept.outer("time", "highs", 1e18)
         if not np.isfinite(ref.value):
@@ -149,6 +150,7 @@ def test_dropping_unusable_columns_keeps_the_column_ilp_optimum() -> None:
             continue
         assert got.value == pytest.approx(ref.value, rel=1e-9)
         # with a bar just above the optimum, the columns that could beat it still include the optimum's
-        loose = ps._outer(None, upper=ref.value * (1 + 1e-6))
+        loose = ps._outer(None)
+        loose.points = ps._usable(loose.points, loose.allowed, ref.value * (1 + 1e-6))
         assert loose.outer("time", "highs", 1e18).value == pytest.approx(ref.value, rel=1e-9)
     assert dropped > 0  # the budget did rule columns out

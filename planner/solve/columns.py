@@ -322,7 +322,9 @@ class PricedSolve:
         rounds = [([group], share) for group in firsts] + [(mixed, max(1.0, 2 * searched))]
         for only, seconds in rounds:
             upper = answer[2] if answer is not None else np.inf
-            outer = self._outer(only, upper)
+            outer = self._outer(only)
+            every = outer.points
+            outer.points = self._usable(every, outer.allowed, upper)
             rnd = outer.outer("time", solver, min(deadline, time.perf_counter() + seconds), upper, rel_gap=_ILP_GAP)
             if rnd.res.x is not None and rnd.value < upper:
                 answer = (rnd.choice, rnd.ckpt, rnd.value)
@@ -331,7 +333,8 @@ class PricedSolve:
             value = answer[2]
             gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
             return self._solution(*answer, start, gap, solver, rnd.res.status)
-        least = self._outer(rounds[-1][0], fit=False).outer("memory", solver, max(deadline, time.perf_counter() + 10.0))
+        outer.points = every  # the least memory may use columns that do not fit: all of the last round's
+        least = outer.outer("memory", solver, max(deadline, time.perf_counter() + 10.0))
         found = LeastMemory(int(least.value), least.choice, least.ckpt, False,
                             "smallest feasible budget found by the priced search (an upper bound; not proven "
                             "minimal)") if least.res.x is not None else LeastMemory(
@@ -339,7 +342,7 @@ class PricedSolve:
         base = dict(seconds=time.perf_counter() - start, solver=resolve_solver(solver), method="priced")
         return infeasible_or_fallback(ip, found, base)
 
-    def _outer(self, only: list[tuple[str, ...]] | None, upper: float = np.inf, fit: bool = True) -> TwoLevel:
+    def _outer(self, only: list[tuple[str, ...]] | None) -> TwoLevel:
         """The column ILP over the blocks that the prices restricted to one of `only` found (every price's
         when None); the outer nodes and segment ends take the choices those priced assignments gave them."""
         runs = [r for r in self.priced if only is None or r.price.only in only]
@@ -350,8 +353,6 @@ class PricedSolve:
             for v in self.dec.outer_nodes + [seg.out for seg in self.dec.segments if seg.out is not None]:
                 used.setdefault(v, set()).add(r.choice[v])
         outer.allowed = {v: np.array(sorted(c), dtype=np.int64) for v, c in used.items()}
-        if fit:
-            outer.points = self._usable(outer.points, outer.allowed, upper)
         return outer
 
     def _usable(self, points: list[list[FrontierPoint]], allowed: dict[int, np.ndarray],
