@@ -5,6 +5,7 @@ Every layer holds only this rank's shards, takes and returns this rank's blocks 
 layouts of docs/ARCHITECTURE.md, and completes its parameter gradients in its own backward.
 """
 
+from cost_models.linear_scheme import LinearPlan, LinearScheme
 from layers3d.checkpoint import checkpoint, checkpoint_contexts
 from layers3d.comm import (
     CommCounter,
@@ -21,7 +22,6 @@ from layers3d.embedding import EMBEDDING_SCHEMES, ParallelEmbedding
 from layers3d.errors import MeshSetupError, ShardingError
 from layers3d.functional import reduce_output, reduce_scatter_output
 from layers3d.linear import ParallelLinear
-from layers3d.linear_plan import LINEAR_SCHEMES, LinearGeometry, LinearScheme
 from layers3d.loss import vocab_parallel_cross_entropy
 from layers3d.mesh import DeviceMesh
 from layers3d.norm import ParallelLayerNorm
@@ -33,7 +33,7 @@ __all__ = [
     "CommCounter", "current_phase", "recompute_phase", "checkpoint", "checkpoint_contexts",
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast",
     "redistribute", "reduce_grad", "gather_param", "reduce_output", "reduce_scatter_output",
-    "ParallelLinear", "LinearScheme", "LinearGeometry", "LINEAR_SCHEMES",
+    "ParallelLinear", "LinearScheme", "LinearPlan",
     "ParallelLayerNorm", "ParallelEmbedding", "EMBEDDING_SCHEMES", "vocab_parallel_cross_entropy",
     "shard_tensor", "local_block", "gather_tensor", "shard_generator", "default_init",
 ]

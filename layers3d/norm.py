@@ -19,9 +19,9 @@ from cost_models.layout import Layout
 from layers3d.comm import all_reduce
 from layers3d.data_parallel import reduce_grad
 from layers3d.errors import ShardingError
-from layers3d.linear_plan import token_dims
 from layers3d.mesh import DeviceMesh
 from layers3d.shard import ParamInit, check_divisible, gather_tensor, init_shard, local_block
+from layers3d.tokens import token_dims
 
 __all__ = ["ParallelLayerNorm"]
 

@@ -24,12 +24,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cost_models.layout import Layout
+from cost_models.linear_scheme import LinearScheme
 from cost_models.ops import OpNode
 from layers3d.data_parallel import reduce_grad
 from layers3d.embedding import ParallelEmbedding
 from layers3d.functional import reduce_output
 from layers3d.linear import ParallelLinear
-from layers3d.linear_plan import LinearScheme
 from layers3d.loss import vocab_parallel_cross_entropy
 from layers3d.mesh import DeviceMesh
 from layers3d.norm import ParallelLayerNorm
@@ -139,10 +139,10 @@ def _place(ctx: LayerContext, op: OpNode, layer: nn.Module, a: Assignment, attrs
 def stored_placement(layer: nn.Module, attr: str, shape: tuple[int, ...]) -> ParamHome:
     """How a layers3d layer stores its parameter `attr` (of dense `shape`)."""
     if isinstance(layer, ParallelLinear):
-        g = layer.geometry
         if attr == "bias":
-            return ParamHome(layer, attr, (g.y_feat,), g.interleave if g.y_feat else 1, 0, shape)
-        return ParamHome(layer, attr, tuple(layer.weight_dims), g.w_interleave, layer.weight_interleave_dim, shape)
+            return ParamHome(layer, attr, tuple(layer.bias_dims), layer.bias_interleave, 0, shape)
+        return ParamHome(layer, attr, tuple(layer.weight_dims), layer.weight_interleave, layer.weight_interleave_dim,
+                         shape)
     if isinstance(layer, ParallelEmbedding):
         return ParamHome(layer, attr, tuple(layer.weight_dims), 1, 0, shape)
     if isinstance(layer, ParallelLayerNorm):
@@ -152,17 +152,8 @@ def stored_placement(layer: nn.Module, attr: str, shape: tuple[int, ...]) -> Par
 
 # --- linear ----------------------------------------------------------------------------------------
 def linear_scheme(a: Assignment) -> LinearScheme:
-    """The layers3d scheme of a planned linear (options as `cost_models.strategies.linear` writes them)."""
-    name = a.scheme
-    roles: Axes = ()
-    if name in ("1d_col", "1d_row"):
-        roles = _opt(a, "T", ())
-    elif name in ("2d", "3d", "3d_allreduce"):
-        roles = _opt(a, "roles", ())
-    # "shard": keep the input shard and all-gather it again in backward (1d_col with sp, 2d, 3d)
-    return LinearScheme(name, tuple(roles), dp=_opt(a, "dp"), sp=bool(_opt(a, "sp", False)),
-                        save_input=_opt(a, "save_input", "gathered"),
-                        weight_shard=bool(_opt(a, "weight_shard", False)))
+    """The scheme value of a planned linear (its options as the cost model wrote them)."""
+    return LinearScheme.from_options(a.scheme, a.options)
 
 
 @builds("linear")

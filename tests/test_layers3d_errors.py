@@ -8,8 +8,9 @@ import time
 import pytest
 import torch
 
+from cost_models.linear_scheme import LinearScheme, LinearSchemeError, linear_plan
 from cost_models.mesh import Mesh
-from layers3d import LinearGeometry, LinearScheme, MeshSetupError, ShardingError
+from layers3d import MeshSetupError, ShardingError
 from tests.distributed import RankError, RankTimeout, run_ranks
 
 CUBE = Mesh((2, 2, 2))
@@ -27,32 +28,31 @@ CUBE = Mesh((2, 2, 2))
     (LinearScheme("3d", ("x", "y", "z"), weight_shard=True), ["weight_shard applies to 3d_allreduce only"]),
 ])
 def test_bad_schemes_are_named_errors(scheme: LinearScheme, words: list[str]) -> None:
-    with pytest.raises(ShardingError) as e:
+    with pytest.raises(LinearSchemeError) as e:
         scheme.resolve(CUBE)
     for w in words:
         assert w in str(e.value)
 
 
 @pytest.mark.parametrize("scheme, k, n, inter, words", [
-    (LinearScheme("3d", ("x", "y", "z")), 10, 6, 1, ["in_features (weight dim K) has size 10", "4 ways",
-                                                     "('z', 'x')", "choose feature sizes divisible"]),
-    (LinearScheme("1d_col", ("x", "y", "z")), 8, 12, 1, ["out_features (weight dim N) has size 12", "8 ways",
-                                                         "('x', 'y', 'z')"]),
-    (LinearScheme("1d_col", ("y", "z")), 8, 4, 2, ["size 4", "4 ways in 2 interleaved segments"]),
-    (LinearScheme("2d", ("x", "y")), 6, 5, 1, ["out_features", "size 5", "('y',)"]),
+    (LinearScheme("3d", ("x", "y", "z")), 10, 6, 1, ["3d[roles=xyz]: in_features 10 not divisible by 4 (axis zx)",
+                                                     "choose sizes divisible"]),
+    (LinearScheme("1d_col", ("x", "y", "z")), 8, 12, 1, ["1d_col[T=xyz]: out_features 12 not divisible by 8"]),
+    (LinearScheme("1d_col", ("y", "z")), 8, 4, 2, ["out_features 4 in 2 segments not divisible by 8 (axis yz)"]),
+    (LinearScheme("2d", ("x", "y")), 6, 5, 1, ["2d[roles=xy]: out_features 5 not divisible by 2 (axis y)"]),
 ])
-def test_weights_the_mesh_does_not_divide_fail_at_construction(scheme: LinearScheme, k: int, n: int, inter: int,
-                                                               words: list[str]) -> None:
-    with pytest.raises(ShardingError) as e:
-        LinearGeometry(scheme, CUBE, k, n, inter)
+def test_weights_the_mesh_does_not_divide_are_named(scheme: LinearScheme, k: int, n: int, inter: int,
+                                                    words: list[str]) -> None:
+    with pytest.raises(LinearSchemeError) as e:
+        linear_plan(scheme, (64, k), n, CUBE, inter)
     for w in words:
         assert w in str(e.value), str(e.value)
+    assert str(e.value).count(":") <= 3, "only the reasons of the scheme asked for are listed"
 
 
 def test_token_dims_that_do_not_divide_are_named() -> None:
-    geo = LinearGeometry(LinearScheme("3d", ("x", "y", "z")), CUBE, 8, 8)
-    with pytest.raises(ShardingError, match=r"token dims \(3, 5\) cannot be split over mesh axes \('x', 'y'\)"):
-        geo.x_layout((3, 5, 8))
+    with pytest.raises(LinearSchemeError, match=r"3d\[roles=xyz\]: tokens \(3, 5\) cannot be split over axes xy"):
+        linear_plan(LinearScheme("3d", ("x", "y", "z")), (3, 5, 8), 8, CUBE)
 
 
 def test_device_mesh_needs_a_process_group() -> None:
@@ -89,7 +89,7 @@ def _errors_on_ranks(rank: int) -> dict[str, str]:
 def test_layer_errors_on_ranks_name_dim_axes_and_fix() -> None:
     res = run_ranks(_errors_on_ranks, 8, 60)[0]
     assert res["mesh"].startswith("MeshSetupError") and "process group has 8" in res["mesh"]
-    assert "in_features (weight dim K) has size 10" in res["linear"] and "('z', 'x')" in res["linear"]
+    assert res["linear"].startswith("ShardingError") and "in_features 10 not divisible by 4 (axis zx)" in res["linear"]
     assert "vocabulary has size 10" in res["embedding"] and "('x', 'y')" in res["embedding"]
     assert "layer norm feature dim has size 6" in res["norm"]
     assert "local shape (1, 3, 4), got (2, 3, 4)" in res["forward"] and "token_shape=" in res["forward"]

@@ -210,7 +210,7 @@ def test_norm_embedding_cross_entropy_match_dense_and_the_table(measured: list[d
 
 
 def _norm_layout(case: tuple) -> Layout:
-    from layers3d.linear_plan import token_dims
+    from layers3d.tokens import token_dims
 
     tokens, h, feat, tok, seq = case[:5]
     return Layout(token_dims(tokens, tok, seq, Mesh(MESH), "test") + (feat,))

@@ -81,8 +81,7 @@ def cases() -> list[Case]:
 
 def random_cases(count: int, seed: int) -> list[Case]:
     """Random schemes, roles, token shapes, feature sizes and options (all that the mesh divides)."""
-    from layers3d import ShardingError
-    from layers3d.linear_plan import LinearGeometry, LinearScheme
+    from cost_models.linear_scheme import LinearScheme, LinearSchemeError, linear_plan
 
     rng = random.Random(seed)
     mesh = Mesh((2, 2, 2))
@@ -104,11 +103,9 @@ def random_cases(count: int, seed: int) -> list[Case]:
                  save_input=rng.choice(("gathered", "shard")) if gathers else "gathered",
                  weight_shard=scheme == "3d_allreduce" and rng.random() < 0.5, pass_tokens=True)
         try:
-            geo = LinearGeometry(LinearScheme(c.scheme, c.roles, None, c.sp, c.save_input, c.weight_shard), mesh,
-                                 c.k, c.n, c.interleave)
-            geo.x_layout(c.tokens + (c.k,))
-            geo.y_layout(c.tokens + (c.n,))
-        except ShardingError:
+            linear_plan(LinearScheme(c.scheme, c.roles, None, c.sp, c.save_input, c.weight_shard), c.tokens + (c.k,),
+                        c.n, mesh, c.interleave)
+        except LinearSchemeError:
             continue
         if c.k != c.n and c.tokens[0] * c.tokens[1] != c.k:  # batch != hidden, non-square weights
             out.append(c)
@@ -195,8 +192,8 @@ def expected_collectives(c: Case) -> list[Collective]:
 
 
 def _check_case(c: Case, dm, rank: int, ckpt: bool) -> list[Collective]:
+    from cost_models.linear_scheme import LinearScheme
     from layers3d import CommCounter, ParallelLinear, checkpoint, local_block, shard_tensor
-    from layers3d.linear_plan import LinearScheme
 
     gen = torch.Generator().manual_seed(hash(c) % (1 << 31))
     dense = Conv1D(c.n, c.k) if c.transposed else torch.nn.Linear(c.k, c.n, bias=c.bias)
@@ -223,11 +220,11 @@ def _check_case(c: Case, dm, rank: int, ckpt: bool) -> list[Collective]:
     where = f"{c} ckpt={ckpt} rank {rank}"
     assert rel_err(y, shard_tensor(y_full, yl, mesh, rank)) <= 1e-5, where
     assert rel_err(x.grad, shard_tensor(x_full.grad, xl, mesh, rank)) <= 1e-5, where
-    w_grad = local_block(dense.weight.grad, layer.weight_dims, mesh, rank, interleave=layer.geometry.w_interleave,
+    w_grad = local_block(dense.weight.grad, layer.weight_dims, mesh, rank, interleave=layer.weight_interleave,
                          interleave_dim=layer.weight_interleave_dim)
     assert rel_err(layer.weight.grad, w_grad) <= 1e-5, where
     if c.bias:
-        b_grad = local_block(dense.bias.grad, (layer.geometry.y_feat,), mesh, rank, interleave=c.interleave)
+        b_grad = local_block(dense.bias.grad, layer.bias_dims, mesh, rank, interleave=c.interleave)
         assert rel_err(layer.bias.grad, b_grad) <= 1e-5, where
     else:
         assert layer.bias is None
@@ -293,26 +290,27 @@ def test_layouts_and_collectives_equal_the_cost_model(measured: list[dict], full
     input / output / parameter layouts as the runtime measures and uses."""
     from cost_models.hardware import load_profile
     from cost_models.layout import Layout
+    from cost_models.linear_scheme import LinearScheme, linear_plan
     from cost_models.strategies import op_cost
-    from layers3d.linear_plan import LinearGeometry, LinearScheme
 
     hw = load_profile("cpu-gloo")
     for i, c in enumerate(cases()):
         op, strategy = _linear_op(c)
         assert strategy is not None, f"the cost model offers no strategy for {c}"
         mesh = Mesh(c.mesh)
-        geo = LinearGeometry(LinearScheme(c.scheme, c.roles, c.dp, c.sp, c.save_input, c.weight_shard), mesh,
-                             c.k, c.n, c.interleave)
-        assert strategy.inputs[0] == geo.x_layout(c.tokens + (c.k,)), (c, strategy)
-        assert strategy.outputs[0] == geo.y_layout(c.tokens + (c.n,)), (c, strategy)
+        _, plan = linear_plan(LinearScheme(c.scheme, c.roles, c.dp, c.sp, c.save_input, c.weight_shard),
+                              c.tokens + (c.k,), c.n, mesh, c.interleave)
+        assert strategy.inputs[0] == plan.x_in, (c, strategy)
+        assert strategy.outputs[0] == plan.y_out, (c, strategy)
         params = dict(strategy.params)
-        w_dims = geo.w_dims[::-1] if c.transposed else geo.w_dims
+        w_dims = plan.w_store[::-1] if c.transposed else plan.w_store
         assert params["weight"].dims == w_dims, (c, strategy)
         if c.bias:
-            assert params["bias"] == Layout((geo.y_feat,), interleave=c.interleave if geo.y_feat else 1), c
+            feat = plan.y_out.dims[-1]
+            assert params["bias"] == Layout((feat,), interleave=c.interleave if feat else 1), c
         cost = op_cost(op, strategy, mesh, hw, device="cpu")
         predicted = list(cost.collectives)
-        x_bytes = 4 * math.prod(geo.x_layout(c.tokens + (c.k,)).local_shape(c.tokens + (c.k,), mesh))
+        x_bytes = 4 * math.prod(plan.x_in.local_shape(c.tokens + (c.k,), mesh))
         for rank, res in enumerate(measured):
             assert res[("saved", i, False)] == cost.saved_bytes, (c, rank, res[("saved", i, False)], cost.saved)
             assert res[("saved", i, True)] == x_bytes, (c, rank)  # checkpointed: only the input is kept

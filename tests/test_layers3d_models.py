@@ -93,8 +93,8 @@ class ParallelGPT(nn.Module):
     keeps the embedding's output layout)."""
 
     def __init__(self, dense: GPT, dm, plan: tuple, ckpt: bool) -> None:  # noqa: ANN001
+        from cost_models.linear_scheme import LinearScheme
         from layers3d import ParallelEmbedding, ParallelLayerNorm, ParallelLinear
-        from layers3d.linear_plan import LinearScheme
 
         super().__init__()
         (e_scheme, e_axes, e_dp, e_sp), linears = plan
@@ -150,8 +150,8 @@ class ParallelGPT(nn.Module):
 
 def _train_mlp(dm, name: str, linears: dict) -> tuple[list, float]:  # noqa: ANN001
     """fc1 -> gelu -> fc2 with the plan's c_fc / mlp_proj schemes; MSE loss against a random target."""
+    from cost_models.linear_scheme import LinearScheme
     from layers3d import ParallelLinear, redistribute, reduce_output, shard_tensor
-    from layers3d.linear_plan import LinearScheme
 
     tokens, mesh = (8, 4), dm.mesh
     torch.manual_seed(0)

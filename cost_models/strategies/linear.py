@@ -1,29 +1,21 @@
 """Linear ops (y = x W^T + b): every scheme of docs/ARCHITECTURE.md on every axis assignment.
 
-Each strategy is described by a `LinearPlan`: the layout x arrives in and the layout the local matmul
-uses (after its forward gathers), the stored and used layouts of W (in [N, K] orientation), and the layout
-y leaves in. Everything else follows from those layouts through `plan_redistribution`, so the collectives
-are the ones the runtime runs:
-
-    forward    x_in -> x_eff (input), W_store -> W_eff (weight), y_eff -> y_out (output)
-    backward   dY: the reverse of the output steps (grad_output); dX: partial over the axes that split
-               N -> x_in (grad_input); dW: partial over x_eff's token axes -> reduce-scatter over the
-               axes W_store adds to W_eff, all-reduce over the rest (grad_weight); db: all-reduce over
-               y_out's token axes (grad_bias)
-
-with y_eff = (x_eff's token splits, W_eff's N splits) + partial over the axes splitting K.
+The schemes themselves are defined once, in `cost_models.linear_scheme`: `linear_plans` enumerates the
+(scheme, `LinearPlan`) pairs the shapes allow and `linear_steps` gives every collective of a plan as
+redistribution steps. This rule prices exactly those steps, and `layers3d.ParallelLinear` executes
+exactly those steps, so what is priced is what runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-from cost_models.layout import Axes, Layout
+from cost_models.layout import Layout
+from cost_models.linear_scheme import LinearPlan, LinearScheme, linear_plans, linear_steps
 from cost_models.memory import conversion_working_set
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, ParamInfo, TensorMeta
-from cost_models.redistribution import backward_steps, plan_redistribution
+from cost_models.redistribution import backward_steps
 from cost_models.strategies import register
 from cost_models.strategies.base import (
     Candidates,
@@ -35,40 +27,19 @@ from cost_models.strategies.base import (
     make_options,
     ordered_pairs,
     param_key,
-    rest_axes,
     tensor_key,
-    token_layout,
 )
 from cost_models.strategy import Strategy
 
-__all__ = ["LinearPlan", "linear_rule", "linear_usage", "matmul_param_layout"]
+__all__ = ["LinearPlan", "linear_rule", "linear_usage", "matmul_param_layout", "op_linear_plans"]
 
 
-@dataclass(frozen=True)
-class LinearPlan:
-    """The layouts of one linear strategy (W in [N, K] orientation: w_n / w_k are the axes splitting N / K)."""
-
-    x_in: Layout
-    x_eff: Layout
-    w_store: tuple[Axes, Axes]
-    w_eff: tuple[Axes, Axes]
-    y_out: Layout
-    save_input: str = "eff"          # "eff": the tensor the matmul used; "in": the shard x arrived as
-    regather_weight: bool = False    # fsdp / weight_shard: gather W again in backward instead of saving it
-    interleave: int = 1
-
-
-def matmul_param_layout(op: OpNode, n_axes: Axes, k_axes: Axes, interleave: int = 1) -> Layout:
+def matmul_param_layout(op: OpNode, n_axes: tuple[str, ...], k_axes: tuple[str, ...], interleave: int = 1) -> Layout:
     """W's layout in its stored orientation: [N, K] for nn.Linear, [K, N] for HF Conv1D
     (attrs["weight_transposed"]). Interleave is expressible only when N is the last stored dim."""
     if op.attrs.get("weight_transposed"):
         return Layout((k_axes, n_axes), interleave=interleave if n_axes else 1)
     return Layout((n_axes, k_axes))
-
-
-def _bias_layout(plan: LinearPlan) -> Layout:
-    feat = plan.y_out.dims[-1]
-    return Layout((feat,), interleave=plan.interleave if feat else 1)
 
 
 def _weight(op: OpNode) -> tuple[int, ParamInfo]:
@@ -85,135 +56,12 @@ def _bias(op: OpNode) -> tuple[int, ParamInfo] | None:
     return None
 
 
-def _divides(n: int, mesh: Mesh, axes: Axes, segments: int = 1) -> bool:
-    return n % (mesh.size(axes) * segments) == 0
-
-
-def _plans(op: OpNode, mesh: Mesh) -> Iterator[tuple[str, dict, LinearPlan] | str]:
-    """Every (scheme, options, plan) the shapes allow, and a reason for each that they do not."""
-    x, y = op.input_meta[0], op.out
-    K, N = x.shape[-1], y.shape[-1]
+def op_linear_plans(op: OpNode, mesh: Mesh) -> Iterator[tuple[LinearScheme, LinearPlan] | str]:
+    """Every (scheme, plan) the op's shapes allow (axis choices reduced by the mesh's symmetry), and a
+    reason for each that they do not."""
     seg = int(op.attrs.get("out_segments", 1) or 1)
-    every = mesh.axis_names
-
-    def tok(meta: TensorMeta, axes: Axes, feat: Axes = (), seq: Axes = (), inter: int = 1) -> Layout | None:
-        return token_layout(meta.shape, axes, mesh, feat, seq, inter)
-
-    def no_tokens(label: str, axes: Axes) -> str:
-        return (f"{label}: tokens {x.shape[:-1]} cannot be split over axes {''.join(axes)} "
-                f"({mesh.size(axes)} ways)")
-
-    def feat_reason(label: str, what: str, n: int, axes: Axes, segments: int = 1) -> str:
-        seg_txt = f" in {segments} segments" if segments > 1 else ""
-        return (f"{label}: {what} {n}{seg_txt} not divisible by {mesh.size(axes) * segments} "
-                f"(axis {''.join(axes)})")
-
-    # replicate: tokens over every axis; and fully replicated (every rank computes everything).
-    x_all, y_all = tok(x, every), tok(y, every)
-    if x_all and y_all:
-        yield "replicate", {"dp": every}, LinearPlan(x_all, x_all, ((), ()), ((), ()), y_all)
-        # fsdp: W's N dim split over every axis, else its K dim (as layers3d shards it).
-        for dim, size in enumerate((N, K)):
-            if size % mesh.world_size == 0:
-                w_store = (every, ()) if dim == 0 else ((), every)
-                yield "fsdp", {"dp": every, "shard_dim": dim}, LinearPlan(
-                    x_all, x_all, w_store, ((), ()), y_all, regather_weight=True)
-                break
-        else:
-            yield f"fsdp: weight {N}x{K} divisible by {mesh.world_size} on neither dim"
-    else:
-        yield no_tokens("replicate/fsdp", every)
-    rep_x, rep_y = Layout.replicated(len(x.shape)), Layout.replicated(len(y.shape))
-    yield "replicate", {"dp": ()}, LinearPlan(rep_x, rep_x, ((), ()), ((), ()), rep_y)
-
-    for T in axis_subsets(mesh):
-        dp = rest_axes(mesh, T)
-        t_opts = {"T": T, "dp": dp}
-        x_dp, y_dp = tok(x, dp), tok(y, dp)
-        if x_dp is None or y_dp is None:
-            yield no_tokens(f"1d[T={''.join(T)}]", dp)
-            continue
-        # 1d_col: N over T.
-        if _divides(N, mesh, T, seg):
-            y_col = tok(y, dp, T, inter=seg)
-            yield "1d_col", {**t_opts, "sp": False}, LinearPlan(x_dp, x_dp, (T, ()), (T, ()), y_col, interleave=seg)
-            x_sp = tok(x, dp, seq=T)
-            if x_sp is None:
-                yield f"1d_col[T={''.join(T)},sp]: sequence {x.shape[:-1]} not divisible by {mesh.size(T)}"
-            else:
-                for save in ("gathered", "shard"):
-                    yield "1d_col", {**t_opts, "sp": True, "save_input": save}, LinearPlan(
-                        x_sp, x_dp, (T, ()), (T, ()), y_col, "eff" if save == "gathered" else "in",
-                        interleave=seg)
-        else:
-            yield feat_reason(f"1d_col[T={''.join(T)}]", "out_features", N, T, seg)
-        # 1d_row: K over T, y reduced over T.
-        if _divides(K, mesh, T):
-            x_row = tok(x, dp, T)
-            yield "1d_row", {**t_opts, "sp": False}, LinearPlan(x_row, x_row, ((), T), ((), T), y_dp)
-            y_sp = tok(y, dp, seq=T)
-            if y_sp is None:
-                yield f"1d_row[T={''.join(T)},sp]: sequence {y.shape[:-1]} not divisible by {mesh.size(T)}"
-            else:
-                yield "1d_row", {**t_opts, "sp": True}, LinearPlan(x_row, x_row, ((), T), ((), T), y_sp)
-        else:
-            yield feat_reason(f"1d_row[T={''.join(T)}]", "in_features", K, T)
-
-    for r, c in ordered_pairs(mesh):
-        label = f"2d[roles={r}{c}]"
-        dp = rest_axes(mesh, (r, c))
-        if not _divides(K, mesh, (c,)) or not _divides(K, mesh, (r,)):
-            yield feat_reason(label, "in_features", K, (c,) if not _divides(K, mesh, (c,)) else (r,))
-            continue
-        if not _divides(N, mesh, (c,), seg):
-            yield feat_reason(label, "out_features", N, (c,), seg)
-            continue
-        x_in, x_eff = tok(x, dp + (r,), (c,)), tok(x, dp + (r,))
-        y_out = tok(y, dp + (r,), (c,), inter=seg)
-        if not (x_in and x_eff and y_out):
-            yield no_tokens(label, dp + (r,))
-            continue
-        for save in ("gathered", "shard"):
-            yield "2d", {"roles": (r, c), "dp": dp, "save_input": save}, LinearPlan(
-                x_in, x_eff, ((c,), (r,)), ((c,), ()), y_out, "eff" if save == "gathered" else "in", interleave=seg)
-
-    for w, i, o in cube_permutations(mesh):
-        roles = (w, i, o)
-        dp = rest_axes(mesh, roles)
-        label = f"3d[roles={w}{i}{o}]"
-        if not _divides(K, mesh, (o, w)):
-            yield feat_reason(label, "in_features", K, (o, w))
-        elif not _divides(N, mesh, (i,), seg):
-            yield feat_reason(label, "out_features", N, (i,), seg)
-        else:
-            x_in, x_eff = tok(x, dp + (w, i), (o,)), tok(x, dp + (w,), (o,))
-            y_out = tok(y, dp + (w, o), (i,), inter=seg)
-            if not (x_in and x_eff and y_out):
-                yield no_tokens(label, dp + (w, i))
-            else:
-                for save in ("gathered", "shard"):
-                    yield "3d", {"roles": roles, "dp": dp, "save_input": save}, LinearPlan(
-                        x_in, x_eff, ((i,), (o, w)), ((i,), (o,)), y_out, "eff" if save == "gathered" else "in",
-                        interleave=seg)
-        m, k, n = roles
-        label = f"3d_allreduce[roles={m}{k}{n}]"
-        if not _divides(K, mesh, (k,)):
-            yield feat_reason(label, "in_features", K, (k,))
-            continue
-        if not _divides(N, mesh, (n,), seg):
-            yield feat_reason(label, "out_features", N, (n,), seg)
-            continue
-        x_in, y_out = tok(x, dp + (m,), (k,)), tok(y, dp + (m,), (n,), inter=seg)
-        if not (x_in and y_out):
-            yield no_tokens(label, dp + (m,))
-            continue
-        yield "3d_allreduce", {"roles": roles, "dp": dp, "weight_shard": False}, LinearPlan(
-            x_in, x_in, ((n,), (k,)), ((n,), (k,)), y_out, interleave=seg)
-        if _divides(K, mesh, (k, m)):
-            yield "3d_allreduce", {"roles": roles, "dp": dp, "weight_shard": True}, LinearPlan(
-                x_in, x_in, ((n,), (k, m)), ((n,), (k,)), y_out, regather_weight=True, interleave=seg)
-        else:
-            yield feat_reason(label + "[weight_shard]", "in_features", K, (k, m))
+    yield from linear_plans(tuple(op.input_meta[0].shape), op.out.shape[-1], mesh, seg,
+                            subsets=axis_subsets(mesh), pairs=ordered_pairs(mesh), triples=cube_permutations(mesh))
 
 
 def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
@@ -227,53 +75,39 @@ def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
     w_eff = Layout(plan.w_eff)
     w_item = TensorMeta(wp.shape, wp.dtype).itemsize
 
-    # y_eff: tokens as x_eff, features as W_eff's N, partial over the axes splitting K.
+    y_eff = plan.y_eff
     k_axes = plan.x_eff.dims[-1]
-    if k_axes != plan.w_eff[1]:
-        raise AssertionError(f"{op.name}: x_eff splits K over {k_axes}, W_eff over {plan.w_eff[1]}")
-    y_eff = Layout(plan.x_eff.dims[:-1] + (plan.w_eff[0],), partial=k_axes,
-                   interleave=plan.interleave if plan.w_eff[0] else 1)
+    st = linear_steps(plan, tuple(x.shape), y.shape[-1], x.itemsize, w_item, mesh)
 
     # Forward collectives.
-    x_gather = plan_redistribution(x.shape, x.itemsize, plan.x_in, plan.x_eff, mesh)
-    w_gather = plan_redistribution(w_shape_nk, w_item, w_store, w_eff, mesh)
-    y_reduce = plan_redistribution(y.shape, y.itemsize, y_eff, plan.y_out, mesh)
+    x_gather, w_gather, y_reduce = st.x_fwd, st.w_fwd, st.y_fwd
     u.steps(x_gather, "forward", "input")
     u.steps(w_gather, "forward", "weight")
     u.steps(y_reduce, "forward", "output")
 
-    # Backward collectives.
-    u.steps(backward_steps(y_reduce, y.shape, y.itemsize, mesh), "backward", "grad_output")
+    # Backward collectives. No input gradient (the input is computed from graph inputs alone, hint
+    # grad_inputs): backward neither re-gathers W for dX nor reduces dX.
+    u.steps(st.dy, "backward", "grad_output")
     if plan.save_input == "in" and x_gather:
         u.steps(x_gather, "backward", "input")
-    # No input gradient (the input is computed from graph inputs alone, hint grad_inputs): backward
-    # neither re-gathers W for dX nor reduces dX.
     input_grad = bool((op.attrs.get("grad_inputs") or (True,))[0])
     if plan.regather_weight and input_grad:
         u.steps(w_gather, "backward", "weight")
-    dx_partial = Layout(plan.x_eff.dims, partial=plan.w_eff[0])
-    dx_reduce = plan_redistribution(x.shape, x.itemsize, dx_partial, plan.x_in, mesh)
     if input_grad:
-        u.steps(dx_reduce, "backward", "grad_input")
-    token_axes = tuple(a for d in plan.x_eff.dims[:-1] for a in d)
-    extra = tuple(a for d in range(2) for a in plan.w_store[d] if a not in plan.w_eff[d])
-    if set(extra) - set(token_axes):
-        raise AssertionError(f"{op.name}: W sharded over {extra}, not all token axes of {plan.x_eff}")
+        u.steps(st.dx, "backward", "grad_input")
+    u.steps(st.dw_scatter, "backward", "grad_weight")
+    u.steps(st.dw_reduce, "backward", "grad_weight")
     w_eff_bytes = local_bytes(w_shape_nk, w_eff, mesh, w_item)
     w_store_bytes = local_bytes(w_shape_nk, w_store, mesh, w_item)
-    u.collective("reduce_scatter", extra, w_eff_bytes, "backward", "grad_weight")
-    u.collective("all_reduce", tuple(a for a in token_axes if a not in extra), w_store_bytes, "backward",
-                 "grad_weight")
 
     # Parameters (and the bias, stored like y's feature dim, its gradient summed over y's token axes).
     # A weight tied to an earlier op's parameter (hint tied) is that op's state, not this one's.
     u.param_elems = 0 if "weight" in op.attrs.get("tied", ()) else w_store.local_numel(w_shape_nk, mesh)
     if bias is not None:
-        b_layout = _bias_layout(plan)
+        b_layout = plan.bias_layout
         b_meta = TensorMeta(bias[1].shape, bias[1].dtype)
         u.param_elems += 0 if "bias" in op.attrs.get("tied", ()) else b_layout.local_numel(b_meta.shape, mesh)
-        y_token_axes = tuple(a for d in plan.y_out.dims[:-1] for a in d)
-        u.collective("all_reduce", y_token_axes, local_bytes(b_meta, b_layout, mesh), "backward", "grad_bias")
+        u.steps(st.db, "backward", "grad_bias")
 
     # Saved tensors.
     x_in_bytes, x_eff_bytes = local_bytes(x, plan.x_in, mesh), local_bytes(x, plan.x_eff, mesh)
@@ -297,14 +131,14 @@ def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
     fwd = (x_eff_bytes if x_gather and plan.save_input == "in" else 0) \
         + (w_eff_bytes if w_gathered and plan.regather_weight else 0) \
         + conversion_working_set(y_reduce, y.shape, y.itemsize, mesh)
-    dw_ar = tuple(a for a in token_axes if a not in extra)
+    dw_ar = bool(st.dw_reduce)
     # dW's chain: the matmul's result (and its transposed copy), its reduce-scatter to the stored shard, its
     # all-reduce copy; the last buffer is the gradient autograd keeps (counted with the states).
     dw_chain = max(2 * w_eff_bytes if op.attrs.get("weight_transposed") else w_eff_bytes,
-                   conversion_working_set(backward_steps(w_gather, w_shape_nk, w_item, mesh), w_shape_nk, w_item,
-                                          mesh) if w_gather else 0,
+                   conversion_working_set(backward_steps(list(w_gather), w_shape_nk, w_item, mesh), w_shape_nk,
+                                          w_item, mesh) if w_gather else 0,
                    2 * w_store_bytes if dw_ar else 0)
-    dx_ws = (conversion_working_set(dx_reduce, x.shape, x.itemsize, mesh) or x_in_bytes) if input_grad else 0
+    dx_ws = (conversion_working_set(st.dx, x.shape, x.itemsize, mesh) or x_in_bytes) if input_grad else 0
     bwd = y_out_bytes + (y_eff_bytes if y_eff_bytes > y_out_bytes else 0) + dx_ws \
         + (x_eff_bytes if x_gather and plan.save_input == "in" else 0) \
         + (w_eff_bytes if w_gathered and plan.regather_weight else 0) \
@@ -328,15 +162,16 @@ def linear_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> 
     layout its input must arrive in, and the edge from the producer pays any conversion)."""
     wj, _ = _weight(op)
     bias = _bias(op)
-    for item in _plans(op, mesh):
+    for item in op_linear_plans(op, mesh):
         if isinstance(item, str):
             yield item
             continue
-        scheme, opts, plan = item
+        scheme, plan = item
+        opts = scheme.options()
         if plan.interleave > 1:
             opts = {**opts, "interleave": plan.interleave}
         params = [(param_key(op, wj), matmul_param_layout(op, *plan.w_store, plan.interleave))]
         if bias is not None:
-            params.append((param_key(op, bias[0]), _bias_layout(plan)))
-        strategy = Strategy(scheme, (plan.x_in,), (plan.y_out,), tuple(params), make_options(**opts))
+            params.append((param_key(op, bias[0]), plan.bias_layout))
+        strategy = Strategy(scheme.name, (plan.x_in,), (plan.y_out,), tuple(params), make_options(**opts))
         yield strategy, linear_usage(op, plan, mesh)
