@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 
+from cost_models.schemes import BASELINE_SCHEMES
 from planner import InfeasibleError, get_example, parse_bytes, plan
 from planner.capture import capture
 from planner.units import format_bytes
 
-UNIFORM = ["replicate", "fsdp", "1d", "2d", "3d", "3d_allreduce"]
+UNIFORM = list(BASELINE_SCHEMES)
 DEFAULT_BUDGETS = {"gpt2-xl": "768MiB,1GiB,2GiB,4GiB,8GiB,16GiB,32GiB",
                    "gpt3-175b": "46GiB,48GiB,60GiB,80GiB,120GiB,160GiB"}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["Scheme", "HEAVY_SCHEMES", "SCHEMES", "UNIFORM_GROUPS", "BASELINE_SCHEMES", "expand_schemes"]
+__all__ = ["Scheme", "HEAVY_SCHEMES", "SCHEMES", "UNIFORM_GROUPS", "BASELINE_SCHEMES", "USER_SCHEMES"]
 
 
 class Scheme(str, Enum):
@@ -46,12 +46,6 @@ UNIFORM_GROUPS: tuple[tuple[str, ...], ...] = tuple(
     for s in Scheme.heavy() if s != Scheme.ONE_D_ROW)
 # Their user-facing names (CLI --schemes / --baselines, plan(schemes=...)).
 BASELINE_SCHEMES: tuple[str, ...] = tuple("1d" if len(g) > 1 else g[0] for g in UNIFORM_GROUPS)
+# Every name `plan(schemes=...)` and `--schemes` accept: the baselines and the two 1d halves.
+USER_SCHEMES: tuple[str, ...] = BASELINE_SCHEMES + (Scheme.ONE_D_COL.value, Scheme.ONE_D_ROW.value)
 
-
-def expand_schemes(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """User-facing names to strategy scheme names ("1d" -> 1d_col, 1d_row); unknown names are kept (the
-    caller names them in its error)."""
-    out: list[str] = []
-    for n in names:
-        out.extend(g for g in (UNIFORM_GROUPS[BASELINE_SCHEMES.index(n)] if n in BASELINE_SCHEMES else (n,)))
-    return tuple(out)

@@ -13,14 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cost_models.layout import Axes, Layout
+from cost_models.schemes import HEAVY_SCHEMES, SCHEMES
 
 __all__ = ["SCHEMES", "HEAVY_SCHEMES", "Collective", "Strategy", "OpCost", "SavedTensor"]
 
-# User-facing scheme names for the heavy ops (linear, embedding, attention, layer norm).
-HEAVY_SCHEMES = ("replicate", "fsdp", "1d_col", "1d_row", "2d", "3d", "3d_allreduce")
-# Every scheme name a strategy may carry ("follow": an element-wise/shape op that keeps its input's layout;
-# "vocab": vocabulary-parallel embedding / head / cross-entropy; "seq": sequence-split layer norm/dropout).
-SCHEMES = HEAVY_SCHEMES + ("follow", "vocab", "seq")
+# The scheme names (one enum, cost_models.schemes), re-exported where strategies are defined.
 
 
 @dataclass(frozen=True)

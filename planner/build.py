@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cost_models import schemes as schemes_mod
 from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
@@ -52,12 +53,12 @@ def expand_schemes(schemes: list[str] | tuple[str, ...] | str | None) -> frozens
     out: set[str] = set()
     for s in schemes:
         s = s.strip()
-        if s == "1d":
-            out |= {"1d_col", "1d_row"}
+        if s in schemes_mod.BASELINE_SCHEMES:
+            out |= set(schemes_mod.UNIFORM_GROUPS[schemes_mod.BASELINE_SCHEMES.index(s)])
         elif s in HEAVY_SCHEMES:
             out.add(s)
         else:
-            raise SchemeError(f"unknown scheme {s!r}; use any of: 1d, " + ", ".join(HEAVY_SCHEMES))
+            raise SchemeError(f"unknown scheme {s!r}; use any of: " + ", ".join(schemes_mod.USER_SCHEMES))
     if not out:
         raise SchemeError("schemes= is empty; leave it out to allow every scheme")
     return frozenset(out)
@@ -175,7 +176,7 @@ def _add_edge(edge_mats: dict, pair: tuple[str, str], cost: np.ndarray, rec: np.
 
 
 # the uniform plans a user can ask for with schemes=[...]: the solver also tries each one throughout
-UNIFORM_GROUPS = [("replicate",), ("fsdp",), ("1d_col", "1d_row"), ("2d",), ("3d",), ("3d_allreduce",)]
+UNIFORM_GROUPS = list(schemes_mod.UNIFORM_GROUPS)
 
 
 def _labels(d: Decision, strategies: dict[str, list[Strategy]]) -> list[str] | None:

@@ -16,6 +16,7 @@ import sys
 import traceback
 from collections.abc import Iterator, Sequence
 
+from cost_models.schemes import BASELINE_SCHEMES
 from planner.cli_registry import COMMANDS
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="planner", parents=[debug],
         description="Memory-budgeted auto-parallelization planner for PyTorch: picks a tensor-parallel scheme "
-                    "(replicate, fsdp, 1d, 2d, 3d, 3d_allreduce) and activation checkpointing per op so that "
+                    f"({', '.join(BASELINE_SCHEMES)}) and activation checkpointing per op so that "
                     "one training step is as fast as possible within a per-GPU memory budget.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for cmd in COMMANDS.values():

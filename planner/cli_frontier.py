@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cost_models.schemes import BASELINE_SCHEMES
 from planner.cli_plan import PLANNING_ARGS, load_example, planning_options
 from planner.cli_registry import CliError, arg, command, out_console, progress
 from planner.plan_format import Plan
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["BASELINE_SCHEMES", "Curve", "Span", "budget_sweep", "probe_span", "trace_curve", "write_csv",
            "frontier_figure", "plot_frontier", "frontier"]
 
-BASELINE_SCHEMES = ("replicate", "fsdp", "1d", "2d", "3d", "3d_allreduce")
 UNLIMITED_BYTES = 2**60  # a budget no model reaches: the plan it gives is the fastest one
 
 PlanAt = Callable[[int], Plan]

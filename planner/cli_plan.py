@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from cost_models.schemes import USER_SCHEMES
 from planner.cli_registry import CliError, arg, command, err_console, out_console, progress
 from planner.report import summary_table
 from planner.units import format_bytes, parse_bytes
@@ -26,8 +27,8 @@ PLANNING_ARGS = (
     arg("--hardware", metavar="NAME|FILE",
         help="a built-in hardware profile (e.g. a100-80gb, h100-80gb) or a profile JSON from `planner calibrate`"),
     arg("--schemes", metavar="LIST",
-        help="comma-separated schemes the heavy ops may use: replicate, fsdp, 1d (= 1d_col + 1d_row), 1d_col, "
-             "1d_row, 2d, 3d, 3d_allreduce (default: all)"),
+        help=f"comma-separated schemes the heavy ops may use: {', '.join(USER_SCHEMES)} (1d = 1d_col + 1d_row; "
+             "default: all)"),
     arg("--no-checkpointing", action="store_true", help="never checkpoint activations"),
     arg("--bytes-per-param", metavar="N|PRESET",
         help="model-state bytes per parameter: a number, or fp32_adam (16), bf16_mixed (18), inference (2)"),

@@ -17,17 +17,20 @@ from dataclasses import dataclass
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from cost_models.schemes import Scheme
 from planner.plan_format import Assignment, Plan
 from planner.units import format_bytes
 
 __all__ = ["SCHEME_COLORS", "OpCell", "scheme_cells", "scheme_map_figure", "memory_figure", "byte_unit"]
 
 # One colour per scheme, shared with the frontier plot (1d_col and 1d_row are two shades of the "1d" blue).
-SCHEME_COLORS: dict[str, str] = {
-    "replicate": "tab:gray", "fsdp": "tab:brown", "1d_col": "tab:blue", "1d_row": "lightskyblue",
-    "2d": "tab:green", "3d": "tab:red", "3d_allreduce": "tab:purple", "vocab": "tab:olive", "seq": "tab:orange",
-    "follow": "whitesmoke",
-}
+SCHEME_COLORS: dict[str, str] = {s.value: c for s, c in {
+    Scheme.REPLICATE: "tab:gray", Scheme.FSDP: "tab:brown", Scheme.ONE_D_COL: "tab:blue",
+    Scheme.ONE_D_ROW: "lightskyblue", Scheme.TWO_D: "tab:green", Scheme.THREE_D: "tab:red",
+    Scheme.THREE_D_ALLREDUCE: "tab:purple", Scheme.VOCAB: "tab:olive", Scheme.SEQ: "tab:orange",
+    Scheme.FOLLOW: "whitesmoke",
+}.items()}
+assert set(SCHEME_COLORS) == {s.value for s in Scheme}, "every scheme needs a colour"
 # Op kinds shown in the scheme map: the ops whose scheme is a real choice (their neighbours follow them).
 _MAP_KINDS = ("embedding", "layer_norm", "linear", "matmul", "softmax", "cross_entropy")
 _OUTSIDE = "outside blocks"

@@ -16,6 +16,7 @@ import numpy as np
 
 from cost_models.hardware import load_profile
 from cost_models.mesh import Mesh
+from cost_models.schemes import BASELINE_SCHEMES
 from cost_models.strategies import mark_graph_hints
 from cost_models.strategy import Strategy
 from planner.api import plan
@@ -27,7 +28,7 @@ from planner.solve import Solution
 
 __all__ = ["UNIFORM_SCHEMES", "uniform_plan", "mixed_plan", "mesh_for"]
 
-UNIFORM_SCHEMES = ("replicate", "fsdp", "1d", "2d", "3d", "3d_allreduce")
+UNIFORM_SCHEMES = BASELINE_SCHEMES
 HARDWARE = "cpu-gloo"
 
 

@@ -146,7 +146,7 @@ def test_debug_keeps_the_traceback_of_a_capture_failure(models: Path, capfd: pyt
     (["--world-size", "-2"], "--world-size must be a positive number of ranks, got -2"),
     (["--bytes-per-param", "0"], "bytes_per_param must be a positive integer, got 0"),
     (["--bytes-per-param", "lots"], "bytes_per_param 'lots': use a positive integer or one of fp32_adam (16)"),
-    (["--schemes", "4d"], "unknown scheme '4d'; use any of: 1d, replicate"),
+    (["--schemes", "4d"], "unknown scheme '4d'; use any of: replicate, fsdp, 1d"),
 ])
 def test_bad_numbers_and_names(argv: list[str], message: str, capfd: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(["plan", "mlp", "--budget", "1GiB", *(["--world-size", "2"] if "--world-size" not in argv

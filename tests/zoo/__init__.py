@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cost_models.schemes import BASELINE_SCHEMES
 from planner.models.loading import Example
 
 __all__ = ["ZooModel", "ZOO", "zoo_model", "build", "available"]
 
-ALL_SCHEMES = ("replicate", "fsdp", "1d", "2d", "3d", "3d_allreduce")
+ALL_SCHEMES = BASELINE_SCHEMES
 
 
 @dataclass(frozen=True)
