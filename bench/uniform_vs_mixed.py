@@ -17,7 +17,7 @@ import argparse
 
 from cost_models.schemes import BASELINE_SCHEMES
 from planner import InfeasibleError, get_example, parse_bytes, plan
-from planner.capture import capture
+from planner.trace.tracer import capture
 from planner.units import format_bytes
 
 UNIFORM = list(BASELINE_SCHEMES)

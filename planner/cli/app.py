@@ -1,0 +1,108 @@
+"""The `planner` command line: `planner plan`, `planner explain`, `planner frontier`, ...
+
+Subcommands live in the modules of `COMMAND_MODULES`, each registered with `planner.cli.registry.command`
+(see that module for how to add one). User errors (any ValueError: a bad budget, a model that does not
+load, a broken plan file, a budget nothing fits) print one line `error: ...` to stderr and exit with 2,
+or 3 when no plan fits the budget; `--debug` prints the traceback as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import logging
+import sys
+import traceback
+from collections.abc import Iterator, Sequence
+
+from cost_models.schemes import BASELINE_SCHEMES
+from planner.cli.registry import COMMANDS
+
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+
+# Modules whose import registers subcommands, in the order `planner --help` lists them.
+COMMAND_MODULES = ("planner.cli.plan", "planner.cli.explain", "planner.cli.frontier", "planner.calibrate.command",
+                   "planner.verify.run")
+
+EXIT_USER_ERROR = 2
+EXIT_INFEASIBLE = 3
+# torch loggers that print a traceback of their own (at ERROR) for a failure the command line then reports
+# as one line: a model whose example inputs do not fit it fails a meta kernel while it is captured.
+_NOISY_LOGGERS = ("torch._subclasses.fake_tensor",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every registered subcommand."""
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the full traceback of an error")
+    parser = argparse.ArgumentParser(
+        prog="planner", parents=[debug],
+        description="Memory-budgeted auto-parallelization planner for PyTorch: picks a tensor-parallel scheme "
+                    f"({', '.join(BASELINE_SCHEMES)}) and activation checkpointing per op so that "
+                    "one training step is as fast as possible within a per-GPU memory budget.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        sub = subparsers.add_parser(cmd.name, help=cmd.help, description=cmd.description, parents=[debug])
+        for a in cmd.args:
+            sub.add_argument(*a.flags, **a.options)
+        sub.set_defaults(run=cmd.run)
+    return parser
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return text or type(error).__name__
+
+
+def _is_infeasible(error: ValueError) -> bool:
+    """True for planner.api.InfeasibleError (looked up only if the API was imported: nothing else raises it)."""
+    api = sys.modules.get("planner.api")
+    return api is not None and isinstance(error, getattr(api, "InfeasibleError", ()))
+
+
+@contextlib.contextmanager
+def _quiet_torch(quiet: bool) -> Iterator[None]:
+    """Silence `_NOISY_LOGGERS` while a command runs (unless --debug), so a user error stays one line. A
+    filter rather than a level: torch's logging set-up resets the levels of its loggers when it starts."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS] if quiet else []
+    drop = _DropBelowCritical()
+    for lg in loggers:
+        lg.addFilter(drop)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(drop)
+
+
+class _DropBelowCritical(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with `argv` (default: sys.argv[1:]) and return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USER_ERROR
+    try:
+        with _quiet_torch(not getattr(args, "debug", False)):
+            return args.run(args)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except ValueError as e:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return getattr(e, "exit_code", EXIT_INFEASIBLE if _is_infeasible(e) else EXIT_USER_ERROR)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
