@@ -4,7 +4,7 @@
 
 Matmul FLOPs follow `torch.utils.flop_counter` (2 m k n for [m, k] @ [k, n], backward twice the forward
 when both operands need gradients). Element-wise, normalisation, softmax and shape ops are memory-bound:
-their FLOPs are small per element (counted with the constants below) and their time is the bytes read
+their FLOPs are small per element (each family registers its count, `cost_models.family`) and their time is the bytes read
 and written over the memory bandwidth.
 """
 
@@ -12,18 +12,7 @@ from __future__ import annotations
 
 from cost_models.hardware import HardwareProfile
 
-__all__ = ["roofline_seconds", "matmul_flops", "FLOPS_PER_ELEM"]
-
-# FLOPs per element of the memory-bound ops (forward); only matters when an op is compute-bound.
-FLOPS_PER_ELEM = {
-    "elementwise": 1,
-    "activation": 8,     # gelu (tanh form): a handful of multiply-adds and a tanh
-    "dropout": 2,        # compare with the threshold, scale
-    "softmax": 5,        # max, subtract, exp, sum, divide
-    "layer_norm": 8,     # two reductions, normalise, scale and shift
-    "cross_entropy": 6,  # log-softmax plus the gather of the target
-}
-
+__all__ = ["roofline_seconds", "matmul_flops"]
 
 def matmul_flops(m: int, k: int, n: int, batch: int = 1) -> int:
     """FLOPs of a (batched) [m, k] @ [k, n]: 2 m k n per batch entry (torch.utils.flop_counter's mm)."""

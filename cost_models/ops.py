@@ -10,29 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OP_KINDS", "DTYPE_BYTES", "TensorMeta", "ParamInfo", "OpNode"]
-
-# The op kinds capture recognises. Heavy kinds have parallel schemes; the rest follow their input.
-OP_KINDS = (
-    "input",          # a graph input (placeholder)
-    "output",         # the graph output
-    "linear",         # y = x @ W^T + b (nn.Linear, F.linear, aten.linear/addmm, HF Conv1D: attrs["weight_transposed"])
-    "embedding",      # y = W[ids]
-    "layer_norm",     # nn.LayerNorm / F.layer_norm / aten.native_layer_norm
-    "matmul",         # batched matmul of two activations (attention scores, attention @ values)
-    "softmax",        # softmax / log_softmax over attrs["dim"]
-    "dropout",        # attrs["p"]
-    "activation",     # gelu, relu, silu, tanh... (saves its input)
-    "elementwise",    # add, sub, mul, div, masked_fill, where, scalar ops (attrs["saves"]: indices of saved inputs)
-    "reshape",        # view / reshape / flatten / unflatten (attrs["shape"]: output shape)
-    "permute",        # transpose / permute (attrs["dims"]: the permutation)
-    "split",          # split / chunk along attrs["dim"] with attrs["sizes"]; outputs are tuple items
-    "getitem",        # picks output attrs["index"] of a multi-output op, or indexes a tensor (attrs["index"])
-    "contiguous",     # .contiguous() / clone / type casts that keep the shape
-    "cross_entropy",  # F.cross_entropy(logits, targets)
-    "reduction",      # sum / mean over dims
-    "other",          # anything else: kept replicated, reported by explain
-)
+__all__ = ["DTYPE_BYTES", "TensorMeta", "ParamInfo", "OpNode"]
 
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
@@ -79,14 +57,14 @@ class OpNode:
     """One op of the captured graph.
 
     name: unique node name (the FX node's name).
-    kind: one of OP_KINDS.
+    kind: an op family's kind (`cost_models.family.op_kinds()`; "input", "output", "other" always exist).
     target: what was called, for people ("nn.Linear", "aten.mm", "torch.matmul", "view").
     inputs: names of the nodes whose tensors this op reads, in argument order.
     input_meta / outputs: tensor metadata of those inputs and of this op's outputs (one per output).
     params: parameters the op uses (weights are looked up by name in the state dict).
     module_path: qualified name of the module the op came from ("transformer.h.0.attn.c_attn").
     block: name of the repeated block it belongs to ("transformer.h.0"), or None.
-    attrs: kind-specific facts (see OP_KINDS).
+    attrs: kind-specific facts (read by the family's capture classifier, see its strategy file).
     """
 
     name: str

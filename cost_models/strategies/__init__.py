@@ -1,6 +1,7 @@
-"""Strategies per op and their costs: the registry of op-family rules, `enumerate_strategies`, `op_cost`.
+"""Strategies per op and their costs: `enumerate_strategies`, `op_cost`, over the op families' rules.
 
-One rule per op family (one function, registered with `@register(kind, ...)`) yields, for an op on a
+One rule per op family (one function in `cost_models/strategies/<family>.py`, registered with
+`cost_models.family.op_family` together with the family's capture patterns) yields, for an op on a
 mesh, each strategy it offers with its hardware-independent `Usage`, and a reason for each variant it
 does not offer. Rules are pure functions of (kind, shapes, dtypes, attrs, mesh, input candidates, device
 kind), so results are memoised on that key: the 96 identical layers of a GPT are costed once.
@@ -17,21 +18,24 @@ linears and embeddings fix their own input layouts. Hints the rules read from `o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import importlib
+import pkgutil
+from collections.abc import Hashable
 from functools import cache
 from typing import Any
 
 from cost_models.comm import collective_seconds
 from cost_models.compute import roofline_seconds
+from cost_models.family import family, op_kinds
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.memory import DEVICE_KINDS, resolve_bytes_per_param
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, ParamInfo
-from cost_models.strategies.base import Candidates, Rule, Usage
+from cost_models.strategies.base import Candidates, Usage
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 
-__all__ = ["register", "registered_kinds", "enumerate_strategies", "op_cost", "op_costs", "op_signature", "StrategyError",
+__all__ = ["registered_kinds", "enumerate_strategies", "op_cost", "op_costs", "op_signature", "StrategyError",
            "mark_graph_hints", "clear_caches"]
 
 
@@ -39,22 +43,9 @@ class StrategyError(ValueError):
     """An op the cost model cannot handle as asked (no rule for its kind, or a strategy it does not offer)."""
 
 
-_RULES: dict[str, Rule] = {}
-
-
-def register(*kinds: str) -> Callable[[Rule], Rule]:
-    """Decorator: `rule` produces the strategies of ops of these kinds."""
-    def deco(rule: Rule) -> Rule:
-        for k in kinds:
-            if k in _RULES:
-                raise StrategyError(f"op kind {k!r} already has a rule ({_RULES[k].__name__})")
-            _RULES[k] = rule
-        return rule
-    return deco
-
-
 def registered_kinds() -> tuple[str, ...]:
-    return tuple(sorted(_RULES))
+    """The op kinds with a rule: every registered op family."""
+    return op_kinds()
 
 
 # --- canonical ops: the memo key ---------------------------------------------------------------------
@@ -146,7 +137,9 @@ def _freeze_candidates(c: Candidates) -> Hashable:
 
 @cache
 def _offers(canon: _Canon, mesh: Mesh, cands: Hashable, device: str) -> tuple[dict[Strategy, Usage], tuple[str, ...]]:
-    rule = _RULES.get(canon.op.kind) or _RULES["other"]
+    fam = family(canon.op.kind) or family("other")
+    assert fam is not None, "the 'other' family is registered in cost_models/strategies/follow.py"
+    rule = fam.rule
     candidates = None if cands is None else [list(x) for x in cands]
     table: dict[Strategy, Usage] = {}
     reasons: list[str] = []
@@ -258,6 +251,7 @@ def clear_caches() -> None:
     base.fits.cache_clear()
 
 
-# Rules register themselves on import (they import `register` from this module, defined above).
-from cost_models.strategies import attention, embedding, follow, linear, loss, norm  # noqa: E402, F401
+# Every module of this package is imported, so a new family file registers itself with no import line.
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 from cost_models.strategies.hints import mark_graph_hints  # noqa: E402

@@ -24,16 +24,18 @@ matmul's own contiguous copy, keyed by the matmul.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+from cost_models.calls import Act, Call
 from cost_models.compute import matmul_flops
+from cost_models.family import op_family
 from cost_models.layout import Axes, Layout, LayoutError
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, TensorMeta
-from cost_models.strategies import register
 from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes, tensor_key
 from cost_models.strategy import Strategy
 
-__all__ = ["matmul_rule", "matmul_output", "matmul_grad_axes"]
+__all__ = ["matmul_rule", "matmul_call", "matmul_output", "matmul_grad_axes"]
 
 _FLOAT = ("float16", "bfloat16", "float32", "float64")
 
@@ -117,7 +119,20 @@ def _usage(op: OpNode, mesh: Mesh, la: Layout, lb: Layout, out: Layout) -> Usage
     return u
 
 
-@register("matmul")
+def matmul_call(call: Call) -> dict[str, Any] | None:
+    """matmul / mm / bmm of two activations; `transpose_b` when b is a permute swapping its last two dims
+    (k^T in attention scores)."""
+    a, b = call.arg(0, "input"), call.arg(1, "other")
+    if not (isinstance(a, Act) and isinstance(b, Act)):
+        return None
+    prod = call.producers[b.index]
+    nd = len(call.in_meta[b.index].shape)
+    swapped = tuple(range(nd - 2)) + (nd - 1, nd - 2)
+    transpose_b = prod.kind == "permute" and nd >= 2 and tuple(prod.attrs.get("dims", ())) == swapped
+    return {"transpose_b": transpose_b}
+
+
+@op_family("matmul", ops=("matmul", "mm", "bmm"), classify=matmul_call, in_map=True)
 def matmul_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     a, b, y = op.input_meta[0], op.input_meta[1], op.out
     if len(a.shape) < 2 or len(b.shape) < 2:

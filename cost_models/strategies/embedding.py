@@ -16,12 +16,14 @@ The backward saves the ids only.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+from cost_models.calls import Call
+from cost_models.family import op_family
 from cost_models.layout import Axes, Layout, split_tokens
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, TensorMeta
 from cost_models.redistribution import backward_steps, plan_redistribution
-from cost_models.strategies import register
 from cost_models.strategies.base import (
     Candidates,
     Offer,
@@ -35,7 +37,7 @@ from cost_models.strategies.base import (
 )
 from cost_models.strategy import Strategy
 
-__all__ = ["embedding_rule"]
+__all__ = ["embedding_rule", "embedding_call"]
 
 
 def _ids_layout(shape: tuple[int, ...], axes: Axes, mesh: Mesh, seq: Axes = ()) -> Layout | None:
@@ -75,7 +77,24 @@ def _usage(op: OpNode, mesh: Mesh, ids_l: Layout, w_store: Layout, w_eff: Layout
     return u
 
 
-@register("embedding")
+def embedding_call(call: Call) -> dict[str, Any] | None:
+    """F.embedding(ids, W, padding_idx) / aten.embedding(W, ids, padding_idx): one parameter, the table."""
+    params = call.params()
+    if len(params) != 1 or not call.in_meta:
+        return None
+    w = params[0]
+    padding = call.arg(2, "padding_idx")
+    if call.level == "aten" and padding == -1:  # aten.embedding's "no padding index"
+        padding = None
+    return {"num_embeddings": w.shape[0], "embedding_dim": w.shape[1], "padding_idx": padding}
+
+
+def _embedding_module(m: Any) -> dict[str, Any]:
+    return {"num_embeddings": m.num_embeddings, "embedding_dim": m.embedding_dim, "padding_idx": m.padding_idx}
+
+
+@op_family("embedding", ops=("embedding",), classify=embedding_call,
+           modules=("torch.nn.modules.sparse.Embedding",), module_attrs=_embedding_module, in_map=True)
 def embedding_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     ids = op.input_meta[0]
     V, H = op.params[0].shape

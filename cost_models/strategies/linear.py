@@ -1,5 +1,8 @@
 """Linear ops (y = x W^T + b): every scheme of docs/ARCHITECTURE.md on every axis assignment.
 
+Captured from nn.Linear, HF's Conv1D (weight stored [in, out]: attrs["weight_transposed"]), F.linear,
+aten.linear, aten.addmm(bias, x, W) and a matmul of an activation by a 2-d parameter.
+
 The schemes themselves are defined once, in `cost_models.linear_scheme`: `linear_plans` enumerates the
 (scheme, `LinearPlan`) pairs the shapes allow and `linear_steps` gives every collective of a plan as
 redistribution steps. This rule prices exactly those steps, and `layers3d.ParallelLinear` executes
@@ -9,14 +12,16 @@ exactly those steps, so what is priced is what runs.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+from cost_models.calls import Act, Call, Param
+from cost_models.family import op_family
 from cost_models.layout import Layout
 from cost_models.linear_scheme import LinearPlan, LinearScheme, linear_plans, linear_steps
 from cost_models.memory import conversion_working_set
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, ParamInfo, TensorMeta
 from cost_models.redistribution import backward_steps
-from cost_models.strategies import register
 from cost_models.strategies.base import (
     Candidates,
     Offer,
@@ -31,7 +36,7 @@ from cost_models.strategies.base import (
 )
 from cost_models.strategy import Strategy
 
-__all__ = ["LinearPlan", "linear_rule", "linear_usage", "matmul_param_layout", "op_linear_plans"]
+__all__ = ["LinearPlan", "linear_rule", "linear_call", "linear_usage", "matmul_param_layout", "op_linear_plans"]
 
 
 def matmul_param_layout(op: OpNode, n_axes: tuple[str, ...], k_axes: tuple[str, ...], interleave: int = 1) -> Layout:
@@ -156,7 +161,44 @@ def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
     return u
 
 
-@register("linear")
+# --- capture -----------------------------------------------------------------------------------------
+def _attrs(call: Call, weight_transposed: bool, has_bias: bool) -> dict[str, Any]:
+    return {"in_features": call.in_meta[0].shape[-1], "out_features": call.outputs[0].shape[-1],
+            "has_bias": has_bias, "weight_transposed": weight_transposed}
+
+
+def linear_call(call: Call) -> dict[str, Any] | None:
+    """F.linear / aten.linear(x, W, b); aten.addmm(b, x, W); x @ W (matmul/mm/bmm of an activation by a
+    2-d parameter). A weight stored [in, out] (HF Conv1D) is used as is, nn.Linear's [out, in] via W.t()."""
+    if call.op == "linear":
+        x, w, b = call.arg(0, "input"), call.arg(1, "weight"), call.arg(2, "bias")
+        if not (isinstance(x, Act) and isinstance(w, Param)):
+            return None
+        # F.linear(x, W) computes x @ W^T with W stored [out, in]; given W.t() the stored weight is [in, out].
+        return _attrs(call, weight_transposed=w.transposed, has_bias=b is not None)
+    if call.op == "addmm":
+        bias, x, w = call.arg(0, "input"), call.arg(1, "mat1"), call.arg(2, "mat2")
+        if isinstance(x, Act) and isinstance(w, Param):
+            return _attrs(call, weight_transposed=not w.transposed, has_bias=isinstance(bias, Param))
+        return None
+    a, b = call.arg(0, "input"), call.arg(1, "other")  # matmul, mm, bmm
+    if isinstance(a, Act) and isinstance(b, Param) and len(b.shape) == 2:
+        return _attrs(call, weight_transposed=not b.transposed, has_bias=False)
+    return None
+
+
+def _linear_module(m: Any) -> dict[str, Any]:
+    """nn.Linear (weight [out, in]) or HF Conv1D (no in_features; weight [in, out])."""
+    if hasattr(m, "in_features"):
+        return {"in_features": m.in_features, "out_features": m.out_features, "has_bias": m.bias is not None,
+                "weight_transposed": False}
+    return {"in_features": m.weight.shape[0], "out_features": m.weight.shape[1], "has_bias": m.bias is not None,
+            "weight_transposed": True}
+
+
+@op_family("linear", ops=("linear", "addmm", "matmul", "mm", "bmm"), classify=linear_call,
+           modules=("torch.nn.modules.linear.Linear", "transformers.pytorch_utils.Conv1D"),
+           module_attrs=_linear_module, in_map=True)
 def linear_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     """Offers every linear scheme the shapes allow (input candidates are not needed: a linear fixes the
     layout its input must arrive in, and the edge from the producer pays any conversion)."""

@@ -12,23 +12,44 @@ so every rank holds the complete loss. Saves its log-softmax output (the logits'
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
-from cost_models.compute import FLOPS_PER_ELEM
+from cost_models.calls import Call
+from cost_models.family import flops_per_elem, op_family
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
-from cost_models.strategies import register
 from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes, tensor_key
 from cost_models.strategy import Strategy
 
-__all__ = ["cross_entropy_rule", "VOCAB_STATS"]
+__all__ = ["cross_entropy_rule", "cross_entropy_call", "VOCAB_STATS"]
 
 VOCAB_STATS = ("max", "target_logit", "sum_exp")
 _STAT_BYTES = 4  # one fp32 per token per statistic
 _TOTAL_BYTES = 8  # the loss sum and the count of counted tokens, fp32 (as layers3d.loss reduces them)
 
 
-@register("cross_entropy")
+# cross_entropy_loss / nll_loss at ATen level encode the reduction as an int.
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def cross_entropy_call(call: Call) -> dict[str, Any]:
+    """F.cross_entropy / F.nll_loss and their ATen forms (which take the reduction as an int)."""
+    if call.level == "aten" or call.op in ("cross_entropy_loss", "nll_loss_nd", "nll_loss2d"):
+        # aten.cross_entropy_loss / nll_loss(self, target, weight, reduction, ignore_index)
+        reduction = call.arg(3, "reduction", 1)
+        ignore_index = call.arg(4, "ignore_index", -100)
+    else:  # F.cross_entropy / F.nll_loss(input, target, weight, size_average, ignore_index, reduce, reduction)
+        reduction = call.arg(6, "reduction", "mean")
+        ignore_index = call.arg(4, "ignore_index", -100)
+    reduction = _REDUCTIONS.get(reduction, reduction) if isinstance(reduction, int) else reduction
+    fn = "nll_loss" if call.op.startswith("nll") else "cross_entropy"
+    return {"fn": fn, "ignore_index": int(ignore_index), "reduction": str(reduction)}
+
+
+# FLOPs per element: log-softmax plus the gather of the target.
+@op_family("cross_entropy", ops=("cross_entropy", "cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d"),
+           classify=cross_entropy_call, flops_per_elem=6, in_map=True)
 def cross_entropy_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     logits, targets, out = op.input_meta[0], op.input_meta[1], op.out
     for lay in input_candidates_for(op, 0, candidates, mesh):
@@ -67,7 +88,7 @@ def cross_entropy_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: s
             half = logits.itemsize != 4
             u.temp(max(logit_bytes + 2 * f32 + (f32 if half else 0),
                        f32 + ((f32 + logit_bytes) if half else 0)))
-        u.fwd_flops = FLOPS_PER_ELEM["cross_entropy"] * lay.local_numel(logits.shape, mesh)
+        u.fwd_flops = flops_per_elem("cross_entropy") * lay.local_numel(logits.shape, mesh)
         u.bwd_flops = 2 * lay.local_numel(logits.shape, mesh)
         u.fwd_bytes, u.bwd_bytes = 2 * logit_bytes, 2 * logit_bytes
         yield Strategy("vocab" if vocab_axes else "follow", (lay, t_lay), (o_lay,)), u

@@ -11,13 +11,14 @@ per token (fp32 on CUDA, the input's dtype on CPU).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
-from cost_models.compute import FLOPS_PER_ELEM
+from cost_models.calls import Call
+from cost_models.family import flops_per_elem, op_family
 from cost_models.layout import Layout
 from cost_models.memory import norm_stats_itemsize
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, TensorMeta
-from cost_models.strategies import register
 from cost_models.strategies.base import (
     Candidates,
     Offer,
@@ -29,7 +30,7 @@ from cost_models.strategies.base import (
 )
 from cost_models.strategy import Strategy
 
-__all__ = ["layer_norm_rule"]
+__all__ = ["layer_norm_rule", "layer_norm_call"]
 
 # (sum x, sum x^2) forward and two per-token sums backward, all-reduced in fp32 when features are split.
 _REDUCED_BYTES_PER_TOKEN = 8
@@ -44,7 +45,21 @@ def _normalized_ndim(op: OpNode) -> int:
     return 1
 
 
-@register("layer_norm")
+def layer_norm_call(call: Call) -> dict[str, Any]:
+    """F.layer_norm / aten.layer_norm / aten.native_layer_norm(x, normalized_shape, weight, bias, eps)."""
+    shape, weight, eps = call.arg(1, "normalized_shape"), call.arg(2, "weight"), call.arg(4, "eps", 1e-5)
+    return {"normalized_shape": tuple(shape), "eps": float(eps), "elementwise_affine": weight is not None}
+
+
+def _layer_norm_module(m: Any) -> dict[str, Any]:
+    return {"normalized_shape": tuple(m.normalized_shape), "eps": float(m.eps),
+            "elementwise_affine": m.weight is not None}
+
+
+# FLOPs per element: two reductions, normalise, scale and shift.
+@op_family("layer_norm", ops=("layer_norm", "native_layer_norm"), classify=layer_norm_call,
+           modules=("torch.nn.modules.normalization.LayerNorm",), module_attrs=_layer_norm_module,
+           flops_per_elem=8, in_map=True)
 def layer_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     x = op.input_meta[0]
     nd = len(x.shape)
@@ -70,7 +85,7 @@ def layer_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str)
         x_bytes = local_bytes(x, lay, mesh)
         u.save(tensor_key(op.inputs[0], lay), x_bytes)
         u.save(f"{op.name}:stats:{lay}", 2 * norm_stats_itemsize(x.dtype, device) * tokens)  # mean, rstd
-        u.fwd_flops = FLOPS_PER_ELEM["layer_norm"] * lay.local_numel(x.shape, mesh)
+        u.fwd_flops = flops_per_elem("layer_norm") * lay.local_numel(x.shape, mesh)
         u.bwd_flops = 2 * u.fwd_flops
         u.fwd_bytes, u.bwd_bytes = 2 * x_bytes, 4 * x_bytes
         seq_split = nd - n_norm >= 2 and bool(lay.dims[nd - n_norm - 1])

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from cost_models.family import map_kinds
 from cost_models.schemes import Scheme
 from planner.plans.format import Assignment, Plan
 from planner.units import format_bytes
@@ -31,8 +32,6 @@ SCHEME_COLORS: dict[str, str] = {s.value: c for s, c in {
     Scheme.FOLLOW: "whitesmoke",
 }.items()}
 assert set(SCHEME_COLORS) == {s.value for s in Scheme}, "every scheme needs a colour"
-# Op kinds shown in the scheme map: the ops whose scheme is a real choice (their neighbours follow them).
-_MAP_KINDS = ("embedding", "layer_norm", "linear", "matmul", "softmax", "cross_entropy")
 _OUTSIDE = "outside blocks"
 _HATCH = "////"
 _NO_LIMIT = 2**59  # budgets at or above this mean "unlimited" (the frontier's probe): no budget tick is drawn
@@ -69,8 +68,9 @@ def scheme_cells(plan: Plan) -> list[OpCell]:
     the loss), in graph order, each with its row and role."""
     seen: dict[tuple[str, str], int] = {}
     ckpt = set(plan.checkpoint)
+    shown = map_kinds()  # the ops whose scheme is a real choice (their neighbours follow them)
     return [OpCell(a.block or _OUTSIDE, _role(a, seen), a.scheme, a.block in ckpt, a.node)
-            for a in plan.assignments if a.kind in _MAP_KINDS]
+            for a in plan.assignments if a.kind in shown]
 
 
 def _ordered(items: list[str]) -> list[str]:

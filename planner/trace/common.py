@@ -22,9 +22,10 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from cost_models.calls import Act, Call, Param
+from cost_models.family import classify_call
 from cost_models.ops import OpNode, ParamInfo, TensorMeta
 from planner.trace.graph import BlockInfo
-from planner.trace.ops import Act, Call, Param, classify
 
 __all__ = ["OpBuilder", "PathFailure", "tensor_meta", "dtype_name", "canonical_names", "find_blocks",
            "assign_blocks", "where", "where_in_stack", "first_line", "describe_node", "SymbolicShapeError"]
@@ -108,7 +109,7 @@ class OpBuilder:
         if self._param_view(node, op, value):
             return
         call, inputs = self._resolve(node, op, level, value)
-        kind, attrs = module_classify(call) if module_classify else classify(call)
+        kind, attrs = module_classify(call) if module_classify else classify_call(call)
         params = list(module_params or []) + call.params()
         infos = list({p.name: ParamInfo(p.name, p.shape, p.dtype, _role(p.name)) for p in params}.values())
         infos.sort(key=lambda p: p.role == "bias")  # weights first (addmm takes the bias first)

@@ -1,7 +1,8 @@
 """Capture path 1: torch.fx symbolic tracing, then shape propagation on fake or meta tensors.
 
-The tracer keeps the layers the cost model prices as leaf modules (nn.Linear, nn.Embedding, nn.LayerNorm,
-nn.Dropout, the usual activations, HF's Conv1D) and traces through everything else, so a model's own
+The tracer keeps the layers the cost model prices as leaf modules (the module types the op families name,
+`cost_models.family`: nn.Linear, nn.Embedding, nn.LayerNorm, nn.Dropout, the usual activations, HF's
+Conv1D) and traces through everything else, so a model's own
 functional code (attention written with `@`, `softmax`, `masked_fill`) shows up op by op. Shapes come from
 running the traced graph once with an interpreter on meta tensors (when the model lives on the meta
 device) or under `FakeTensorMode` (otherwise): no real memory is allocated and nothing is computed.
@@ -12,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import operator
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +23,8 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from cost_models.calls import Call, Param
+from cost_models.family import classify_module, is_leaf_module
 from planner.trace.common import (
     OpBuilder,
     PathFailure,
@@ -33,25 +35,8 @@ from planner.trace.common import (
     where,
     where_in_stack,
 )
-from planner.trace.ops import Call, Param
 
-__all__ = ["PlannerTracer", "LEAF_MODULES", "capture_fx", "aten_op_name"]
-
-LEAF_MODULES: tuple[type[nn.Module], ...] = (
-    nn.Linear, nn.Embedding, nn.LayerNorm, nn.Dropout, nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid,
-)
-
-
-def _conv1d() -> type[nn.Module] | None:
-    """HF's GPT-2 style linear with a [in, out] weight, if transformers is loaded (a model holding one has
-    imported it; importing transformers just to look would cost seconds)."""
-    mod = sys.modules.get("transformers.pytorch_utils")
-    return getattr(mod, "Conv1D", None)
-
-
-def _leaf_types() -> tuple[type[nn.Module], ...]:
-    conv1d = _conv1d()
-    return LEAF_MODULES + ((conv1d,) if conv1d is not None else ())
+__all__ = ["PlannerTracer", "capture_fx", "aten_op_name"]
 
 
 # Python operators -> canonical op names (operator.truediv is "div", in-place forms are their op).
@@ -73,10 +58,9 @@ class PlannerTracer(fx.Tracer):
     def __init__(self, stack_traces: bool = False) -> None:
         super().__init__()
         self.record_stack_traces = stack_traces
-        self.leaf_types = _leaf_types()
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if any(isinstance(m, t) and type(m).forward is t.forward for t in self.leaf_types):
+        if is_leaf_module(m):
             return True
         if isinstance(m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
             return False
@@ -125,30 +109,8 @@ def _module_target(m: nn.Module) -> str:
 
 
 def _module_classifier(m: nn.Module) -> Callable[[Call], tuple[str, dict[str, Any]]]:
-    """(kind, attrs) of a call of leaf module `m`, read from the module itself."""
-
-    conv1d = _conv1d()
-
-    def classify(call: Call) -> tuple[str, dict[str, Any]]:
-        if conv1d is not None and isinstance(m, conv1d):
-            return "linear", {"in_features": m.weight.shape[0], "out_features": m.weight.shape[1],
-                              "has_bias": m.bias is not None, "weight_transposed": True}
-        if isinstance(m, nn.Linear):
-            return "linear", {"in_features": m.in_features, "out_features": m.out_features,
-                              "has_bias": m.bias is not None, "weight_transposed": False}
-        if isinstance(m, nn.Embedding):
-            return "embedding", {"num_embeddings": m.num_embeddings, "embedding_dim": m.embedding_dim,
-                                 "padding_idx": m.padding_idx}
-        if isinstance(m, nn.LayerNorm):
-            return "layer_norm", {"normalized_shape": tuple(m.normalized_shape), "eps": float(m.eps),
-                                  "elementwise_affine": m.weight is not None}
-        if isinstance(m, nn.Dropout):
-            return "dropout", {"p": float(m.p), "training": bool(m.training)}
-        if isinstance(m, (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid)):
-            return "activation", {"fn": type(m).__name__.lower(), "approximate": getattr(m, "approximate", "none")}
-        return "other", {}
-
-    return classify
+    """(kind, attrs) of a call of leaf module `m`, read from the module itself by its op family."""
+    return lambda call: classify_module(m)
 
 
 class _ShapeProp(fx.Interpreter):
