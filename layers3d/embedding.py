@@ -17,20 +17,22 @@ fsdp).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from cost_models.layout import Layout
+from layers3d.builders import LayerRequest, StoredPlacement, builds
 from layers3d.data_parallel import gather_param, reduce_grad
-from layers3d.errors import ShardingError
+from layers3d.errors import LayerBuildError, ShardingError
 from layers3d.functional import reduce_output, reduce_scatter_output
 from layers3d.mesh import DeviceMesh
 from layers3d.shard import ParamInit, check_divisible, gather_tensor, init_shard, local_block
 from layers3d.tokens import token_dims
 
-__all__ = ["EMBEDDING_SCHEMES", "ParallelEmbedding"]
+__all__ = ["EMBEDDING_SCHEMES", "ParallelEmbedding", "build_embedding"]
 
 Axes = tuple[str, ...]
 EMBEDDING_SCHEMES = ("replicate", "fsdp", "vocab", "hidden", "1d_col")  # "1d_col": the cost model's name for hidden
@@ -120,6 +122,10 @@ class ParallelEmbedding(nn.Module):
         """The full table (collective), key as nn.Embedding's."""
         return {"weight": gather_tensor(self.weight, self.weight_dims, self.mesh)}
 
+    def stored_placement(self, attr: str) -> StoredPlacement:
+        """How the table is stored (its only parameter)."""
+        return StoredPlacement(tuple(self.weight_dims))
+
     # --- layouts ---------------------------------------------------------------------------------
     @property
     def token_axes(self) -> Axes:
@@ -156,3 +162,20 @@ class ParallelEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, scheme={self.scheme}, axes={self.axes}, "
                 f"dp={self.dp}, sp={self.sp}")
+
+
+# The cost model's scheme names -> this layer's.
+_PLANNED_SCHEMES = {"replicate": "replicate", "fsdp": "fsdp", "vocab": "vocab", "1d_col": "hidden"}
+
+
+@builds("embedding")
+def build_embedding(req: LayerRequest) -> ParallelEmbedding:
+    """A planned embedding: options T (the tensor-parallel axes), dp and sp as the cost model wrote them."""
+    w = req.param("weight")
+    if w is None or req.scheme not in _PLANNED_SCHEMES:
+        raise LayerBuildError(f"embedding op {req.op.name}: scheme {req.scheme!r} is not one the runtime implements")
+    V, H = w.shape
+    dense = SimpleNamespace(weight=w, num_embeddings=V, embedding_dim=H, padding_idx=req.op.attrs.get("padding_idx"))
+    return ParallelEmbedding.from_dense(dense, req.mesh, _PLANNED_SCHEMES[req.scheme], axes=req.option("T", ()),
+                                        dp=req.option("dp"), sp=bool(req.option("sp", False)),
+                                        generator=req.generator, device=req.device)

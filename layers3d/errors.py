@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ShardingError", "MeshSetupError"]
+__all__ = ["ShardingError", "MeshSetupError", "LayerBuildError"]
 
 
 class ShardingError(ValueError):
@@ -12,3 +12,8 @@ class ShardingError(ValueError):
 
 class MeshSetupError(ValueError):
     """A DeviceMesh that does not match the initialised process group (world size, backend state)."""
+
+
+class LayerBuildError(ValueError):
+    """A planned op that the runtime cannot build a layer for as planned (an unsupported scheme or
+    option); the message names the op and what to change."""

@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from layers3d.comm import all_gather, all_reduce, reduce_scatter
+from layers3d.data_parallel import reduce_grad
 from layers3d.mesh import DeviceMesh
 
-__all__ = ["reduce_output", "reduce_scatter_output"]
+__all__ = ["reduce_output", "reduce_scatter_output", "GradReduce", "OutputReduce"]
 
 Axes = tuple[str, ...]
 
@@ -55,3 +57,35 @@ def reduce_scatter_output(x: torch.Tensor, dim: int, axes: Sequence[str], mesh: 
     if not axes or mesh.size(axes) == 1:
         return x
     return _ReduceScatterOutput.apply(x, dim, axes, mesh, tag)
+
+
+class GradReduce(nn.Module):
+    """Identity forward; all-reduces the gradient over `axes` (an input broadcast over split dims)."""
+
+    def __init__(self, axes: Sequence[str], mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.axes, self.mesh = tuple(axes), mesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.requires_grad:
+            return x
+        return reduce_grad(x, self.axes, self.mesh, "grad_input")
+
+    def extra_repr(self) -> str:
+        return f"axes={self.axes}"
+
+
+class OutputReduce(nn.Module):
+    """All-reduces a reduction's partial result over `axes` (tag output); `scale` divides it afterwards
+    (a mean over a split dim is the mean of the local means)."""
+
+    def __init__(self, axes: Sequence[str], mesh: DeviceMesh, scale: float = 1.0) -> None:
+        super().__init__()
+        self.axes, self.mesh, self.scale = tuple(axes), mesh, scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_output(x, self.axes, self.mesh)
+        return y / self.scale if self.scale != 1.0 else y
+
+    def extra_repr(self) -> str:
+        return f"axes={self.axes}, scale={self.scale}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import TypeVar
 
 import torch
@@ -28,12 +29,13 @@ from cost_models.linear_scheme import (
     linear_steps,
 )
 from cost_models.redistribution import Step
-from layers3d.errors import ShardingError
+from layers3d.builders import LayerRequest, StoredPlacement, builds
+from layers3d.errors import LayerBuildError, ShardingError
 from layers3d.mesh import DeviceMesh
 from layers3d.redistribute import run_step
 from layers3d.shard import ParamInit, gather_tensor, init_shard, local_block
 
-__all__ = ["ParallelLinear"]
+__all__ = ["ParallelLinear", "build_linear"]
 
 Axes = tuple[str, ...]
 _T = TypeVar("_T")
@@ -174,6 +176,12 @@ class ParallelLinear(nn.Module):
     def bias_interleave(self) -> int:
         return self.plan.bias_layout.interleave
 
+    def stored_placement(self, attr: str) -> StoredPlacement:
+        """How parameter `attr` ("weight" or "bias") is stored."""
+        if attr == "bias":
+            return StoredPlacement(tuple(self.bias_dims), self.bias_interleave, 0)
+        return StoredPlacement(tuple(self.weight_dims), self.weight_interleave, self.weight_interleave_dim)
+
     def plan_for(self, shape: Sequence[int]) -> LinearPlan:
         """The plan for an input of global shape [*tokens, K]."""
         shape = tuple(int(s) for s in shape)
@@ -266,3 +274,17 @@ class ParallelLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, scheme={self.scheme}, interleave={self.interleave}, "
                 f"bias={self.bias is not None}")
+
+
+@builds("linear")
+def build_linear(req: LayerRequest) -> ParallelLinear:
+    """A planned linear (nn.Linear, HF Conv1D, F.linear, aten.addmm): the scheme value its options name."""
+    w = req.param("weight")
+    if w is None:
+        raise LayerBuildError(f"linear op {req.op.name} has no weight parameter")
+    dense = SimpleNamespace(weight=w, bias=req.param("bias"))
+    return ParallelLinear.from_dense(dense, req.mesh, LinearScheme.from_options(req.scheme, dict(req.options)),
+                                     interleave=int(req.option("interleave", 1)),
+                                     weight_transposed=bool(req.op.attrs.get("weight_transposed")),
+                                     token_shape=req.op.input_meta[0].shape[:-1], generator=req.generator,
+                                     device=req.device)

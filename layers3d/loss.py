@@ -14,11 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
+from torch.nn import functional as F
 
+from layers3d.builders import LayerRequest, builds
 from layers3d.comm import all_reduce
+from layers3d.errors import LayerBuildError
+from layers3d.functional import reduce_output
 from layers3d.mesh import DeviceMesh
 
-__all__ = ["vocab_parallel_cross_entropy"]
+__all__ = ["vocab_parallel_cross_entropy", "ParallelCrossEntropy", "SumCrossEntropy", "build_cross_entropy"]
 
 Axes = tuple[str, ...]
 
@@ -67,3 +72,54 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mes
     Axes in neither hold replicas.
     """
     return _VocabParallelCE.apply(logits, target, tuple(vocab_axes), tuple(token_axes), mesh, ignore_index)
+
+
+class ParallelCrossEntropy(nn.Module):
+    """Mean cross-entropy of logits whose tokens and vocabulary may be split: the vocab-parallel loss,
+    which all-reduces the loss sum and the token count over the token axes, so every rank holds the
+    dense model's loss."""
+
+    def __init__(self, mesh: DeviceMesh, vocab_axes: Axes, token_axes: Axes, ignore_index: int) -> None:
+        super().__init__()
+        self.mesh, self.vocab_axes, self.token_axes, self.ignore_index = mesh, vocab_axes, token_axes, ignore_index
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = vocab_parallel_cross_entropy(logits, target, self.mesh, vocab_axes=self.vocab_axes,
+                                            token_axes=self.token_axes, ignore_index=self.ignore_index)
+        return loss.to(logits.dtype)
+
+    def extra_repr(self) -> str:
+        return f"vocab={self.vocab_axes}, tokens={self.token_axes}, ignore_index={self.ignore_index}"
+
+
+class SumCrossEntropy(nn.Module):
+    """Summed cross-entropy over token-split logits (vocabulary whole): local sum, then all-reduced."""
+
+    def __init__(self, mesh: DeviceMesh, token_axes: Axes, ignore_index: int) -> None:
+        super().__init__()
+        self.mesh, self.token_axes, self.ignore_index = mesh, token_axes, ignore_index
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(logits, target, ignore_index=self.ignore_index, reduction="sum")
+        return reduce_output(loss, self.token_axes, self.mesh)
+
+
+@builds("cross_entropy")
+def build_cross_entropy(req: LayerRequest) -> nn.Module | None:
+    """The loss of logits in their planned layout: None (run as traced) when it is local."""
+    op, lay = req.op, (req.inputs[0] if req.inputs else None)
+    reduction = op.attrs.get("reduction", "mean")
+    vocab = tuple(lay.dims[-1]) if lay is not None else ()
+    tokens = tuple(ax for d in lay.dims[:-1] for ax in d) if lay is not None else ()
+    if op.attrs.get("fn", "cross_entropy") != "cross_entropy":
+        if vocab or (tokens and reduction != "none"):
+            raise LayerBuildError(f"{op.name}: a split nll_loss is not supported; plan it replicated")
+        return None
+    if not vocab and (not tokens or reduction == "none"):
+        return None  # local: run as traced
+    if reduction == "mean":
+        return ParallelCrossEntropy(req.mesh, vocab, tokens, int(op.attrs.get("ignore_index", -100)))
+    if reduction == "sum" and not vocab:
+        return SumCrossEntropy(req.mesh, tokens, int(op.attrs.get("ignore_index", -100)))
+    raise LayerBuildError(f"{op.name}: cross-entropy with reduction={reduction!r} over a split vocabulary is not "
+                          "supported; use reduction='mean'")

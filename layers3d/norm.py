@@ -10,20 +10,22 @@ tokens (tags grad_weight / grad_bias). Saved for backward: the input, mean and r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from cost_models.layout import Layout
+from layers3d.builders import LayerRequest, StoredPlacement, builds
 from layers3d.comm import all_reduce
 from layers3d.data_parallel import reduce_grad
-from layers3d.errors import ShardingError
+from layers3d.errors import LayerBuildError, ShardingError
 from layers3d.mesh import DeviceMesh
 from layers3d.shard import ParamInit, check_divisible, gather_tensor, init_shard, local_block
 from layers3d.tokens import token_dims
 
-__all__ = ["ParallelLayerNorm"]
+__all__ = ["ParallelLayerNorm", "build_layer_norm"]
 
 Axes = tuple[str, ...]
 
@@ -129,6 +131,10 @@ class ParallelLayerNorm(nn.Module):
         return {n: gather_tensor(p, (self.features,), self.mesh) for n, p in (("weight", self.weight),
                                                                               ("bias", self.bias)) if p is not None}
 
+    def stored_placement(self, attr: str) -> StoredPlacement:
+        """gamma and beta are split like the feature dim."""
+        return StoredPlacement((self.features,))
+
     def layout(self, shape: Sequence[int]) -> Layout:
         """Layout of the input (and output) of global shape [*tokens, H]."""
         return Layout(token_dims(shape[:-1], self.tokens, self.seq, self.mesh.mesh, "layer norm input")
@@ -149,3 +155,18 @@ class ParallelLayerNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.size}, features={self.features}, tokens={self.tokens}, seq={self.seq}, eps={self.eps}"
+
+
+@builds("layer_norm")
+def build_layer_norm(req: LayerRequest) -> ParallelLayerNorm:
+    """A planned layer norm runs in its input's layout: features split like the input's last dim."""
+    lay = req.inputs[0] if req.inputs else None
+    shape = tuple(req.op.attrs.get("normalized_shape", ()))
+    if lay is None or len(shape) != 1:
+        raise LayerBuildError(f"layer norm {req.op.name}: only a norm over the last dim with a planned input layout "
+                              f"is supported (normalized_shape {shape})")
+    dense = SimpleNamespace(weight=req.param("weight"), bias=req.param("bias"), normalized_shape=shape,
+                            eps=float(req.op.attrs.get("eps", 1e-5)))
+    tokens = tuple(ax for d in lay.dims[:-1] for ax in d)
+    return ParallelLayerNorm.from_dense(dense, req.mesh, features=lay.dims[-1], tokens=tokens,
+                                        generator=req.generator, device=req.device)

@@ -33,8 +33,8 @@ from cost_models.layout import Layout
 from cost_models.ops import OpNode
 from cost_models.strategies.attention import matmul_grad_axes
 from cost_models.strategies.views import broadcast_axes
+from layers3d.functional import GradReduce, OutputReduce
 from layers3d.redistribute import redistribute
-from planner.apply.layers import GradReduce, OutputReduce
 from planner.apply.values import ApplyError, NodeValues, ParamRef, activation_args, map_aggregate, op_name
 from planner.plans.format import Assignment
 from planner.trace.graph import ModelGraph
