@@ -11,6 +11,7 @@ notebook shows it with `display(fig)`, a script writes it with `fig.savefig(path
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,13 +26,17 @@ from planner.units import format_bytes
 __all__ = ["SCHEME_COLORS", "OpCell", "scheme_cells", "scheme_map_figure", "memory_figure", "byte_unit"]
 
 # One colour per scheme, shared with the frontier plot (1d_col and 1d_row are two shades of the "1d" blue).
-SCHEME_COLORS: dict[str, str] = {s.value: c for s, c in {
+_NAMED_COLORS = {
     Scheme.REPLICATE: "tab:gray", Scheme.FSDP: "tab:brown", Scheme.ONE_D_COL: "tab:blue",
     Scheme.ONE_D_ROW: "lightskyblue", Scheme.TWO_D: "tab:green", Scheme.THREE_D: "tab:red",
     Scheme.THREE_D_ALLREDUCE: "tab:purple", Scheme.VOCAB: "tab:olive", Scheme.SEQ: "tab:orange",
     Scheme.FOLLOW: "whitesmoke",
-}.items()}
-assert set(SCHEME_COLORS) == {s.value for s in Scheme}, "every scheme needs a colour"
+}
+# A scheme added to the enum without a colour of its own takes the next spare one (so a new scheme is
+# drawn, and distinguishable, without editing this file).
+_SPARE_COLORS = itertools.cycle(("tab:pink", "tab:cyan", "gold", "black", "navy", "lime"))
+SCHEME_COLORS: dict[str, str] = {**{s.value: c for s, c in _NAMED_COLORS.items()},
+                                 **{s.value: next(_SPARE_COLORS) for s in Scheme if s not in _NAMED_COLORS}}
 _OUTSIDE = "outside blocks"
 _HATCH = "////"
 _NO_LIMIT = 2**59  # budgets at or above this mean "unlimited" (the frontier's probe): no budget tick is drawn
