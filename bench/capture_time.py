@@ -29,8 +29,8 @@ def measure(name: str, device: str | None) -> dict[str, object]:
     t0 = time.perf_counter()
     import torch  # noqa: F401  (import time reported separately from build and capture)
 
-    from planner.capture import capture
     from planner.models import get_example
+    from planner.trace import capture
 
     t_import = time.perf_counter() - t0
     t0 = time.perf_counter()

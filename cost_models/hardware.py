@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cost_models.errors import PlannerError
+
 __all__ = ["HardwareProfile", "ProfileError", "load_profile", "BUILTIN_PROFILES", "LINKS", "PEAK_DTYPES",
            "BROADCAST_ALGORITHMS"]
 
@@ -40,7 +42,7 @@ _MAX_ALPHA_S = 1.0               # one ring step's latency: microseconds on real
 _BETA_RANGE = (1e-15, 1e-3)      # seconds per byte: links from 1 PB/s down to 1 KB/s
 
 
-class ProfileError(ValueError):
+class ProfileError(PlannerError, ValueError):
     """A hardware profile that is missing, malformed or physically impossible (says which field)."""
 
 

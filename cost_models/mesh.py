@@ -15,12 +15,14 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
+from cost_models.errors import PlannerError
+
 __all__ = ["Mesh", "MeshError", "AXIS_NAMES", "candidate_meshes"]
 
 AXIS_NAMES = ("x", "y", "z", "w")
 
 
-class MeshError(ValueError):
+class MeshError(PlannerError, ValueError):
     """A mesh that cannot be built from the given numbers (names the factor that is wrong)."""
 
 

@@ -5,7 +5,9 @@
     p.save("plan.json")
     parallel_model = apply_plan(model, Plan.load("plan.json"))   # on every rank, inside a process group
 
-Names are imported on first use, so `import planner` stays cheap and each part can be used alone.
+Names are imported on first use, so `import planner` stays cheap and each part can be used alone. No
+exported name is also the name of a submodule (the capture stage is `planner.trace`): importing a
+submodule sets it as an attribute of the package, which would shadow an exported function of that name.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ _EXPORTS = {
     "PlanError": "planner.plan_format",
     "apply_plan": "planner.apply",
     "gather_state_dict": "planner.state",
-    "capture": "planner.capture",
-    "CaptureError": "planner.capture",
+    "capture": "planner.trace",
+    "CaptureError": "planner.trace",
+    "PlannerError": "cost_models.errors",
     "ModelGraph": "planner.graph",
     "BlockInfo": "planner.graph",
     "BudgetError": "planner.units",

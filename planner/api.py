@@ -9,30 +9,33 @@ from typing import Any
 import torch
 from torch import nn
 
+from cost_models.errors import PlannerError
 from cost_models.hardware import HardwareProfile, load_profile
-from cost_models.memory import BYTES_PER_PARAM
+from cost_models.memory import BYTES_PER_PARAM, MemoryModelError
 from cost_models.mesh import Mesh, MeshError, candidate_meshes
 from planner.assemble import assemble_plan
 from planner.build import BuiltProblem, SchemeError, build_problem, expand_schemes
-from planner.capture import capture
 from planner.graph import ModelGraph
 from planner.plan_format import Plan
 from planner.plan_meshes import MeshResult, plan_mesh, plan_meshes
 from planner.solve import Solution, SolverError
+from planner.trace import capture
 from planner.units import parse_bytes
 
 __all__ = ["plan", "InfeasibleError", "WorldSizeError", "resolve_world_size", "resolve_bytes_per_param"]
 
 
-class InfeasibleError(ValueError):
+class InfeasibleError(PlannerError, ValueError):
     """No assignment fits the budget. `min_budget_bytes` is the smallest budget that fits."""
+
+    exit_code = 3
 
     def __init__(self, message: str, min_budget_bytes: int | None):
         super().__init__(message)
         self.min_budget_bytes = min_budget_bytes
 
 
-class WorldSizeError(ValueError):
+class WorldSizeError(PlannerError, ValueError):
     """A world size that is missing or unusable."""
 
 
@@ -58,10 +61,10 @@ def resolve_bytes_per_param(value: int | str) -> int:
         elif value in BYTES_PER_PARAM:
             return BYTES_PER_PARAM[value]
         else:
-            raise ValueError(f"bytes_per_param {value!r}: use a positive integer or one of "
+            raise MemoryModelError(f"bytes_per_param {value!r}: use a positive integer or one of "
                              + ", ".join(f"{k} ({v})" for k, v in BYTES_PER_PARAM.items()))
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"bytes_per_param must be a positive integer, got {value!r}")
+        raise MemoryModelError(f"bytes_per_param must be a positive integer, got {value!r}")
     return value
 
 
@@ -91,7 +94,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     hw = hardware if isinstance(hardware, HardwareProfile) else load_profile(hardware)
     kind = device or hw.device
     if kind not in ("cuda", "cpu"):
-        raise ValueError(f"device must be 'cuda' or 'cpu', got {kind!r}")
+        raise MemoryModelError(f"device must be 'cuda' or 'cpu', got {kind!r}")
     allowed = expand_schemes(schemes)
     graph = model if isinstance(model, ModelGraph) else capture(model, example_inputs, input_shapes=input_shapes,
                                                                 name=name)

@@ -35,10 +35,10 @@ from planner.apply_blocks import CheckpointedBlock, extract_blocks
 from planner.apply_graph import rewrite_graph
 from planner.apply_layers import LayerContext, ParamHome, build_layer
 from planner.apply_values import ApplyError, node_values
-from planner.capture import capture
 from planner.graph import ModelGraph
 from planner.plan_check import check_layouts
 from planner.plan_format import SCHEMA_VERSION, Plan
+from planner.trace import capture
 
 __all__ = ["apply_plan", "ParallelModule", "PlanMismatchError", "ApplyError", "INPUT_MODES"]
 

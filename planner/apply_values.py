@@ -22,12 +22,13 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from cost_models.errors import PlannerError
 from planner.graph import ModelGraph
 
 __all__ = ["ApplyError", "ParamRef", "NodeValues", "node_values", "is_foldable", "map_aggregate", "op_name", "activation_args"]
 
 
-class ApplyError(ValueError):
+class ApplyError(PlannerError, ValueError):
     """A plan that cannot be applied to this model, or a graph the rewrite does not support: says what
     and how to fix it."""
 

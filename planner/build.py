@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cost_models.edges import edge_cost, grad_flow
+from cost_models.errors import PlannerError
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.memory import conversion_pair_working_set
@@ -35,7 +36,7 @@ from planner.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNo
 __all__ = ["BuiltProblem", "Decision", "build_problem", "expand_schemes", "SchemeError", "SchemeUnavailable"]
 
 
-class SchemeError(ValueError):
+class SchemeError(PlannerError, ValueError):
     """An unknown scheme name in `schemes=`."""
 
 

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models.errors import PlannerError
 from cost_models.mesh import Mesh
 from cost_models.redistribution import COLLECTIVE_KINDS
 from planner.cli_registry import arg, command
@@ -36,7 +37,7 @@ from planner.units import BudgetError, parse_bytes
 __all__ = ["CalibrateError", "CalibrateConfig", "CALIBRATE_ARGS", "config_from_args", "calibrate_command", "main"]
 
 
-class CalibrateError(ValueError):
+class CalibrateError(PlannerError, ValueError):
     """A calibration setting that cannot work (names the option and a value that would)."""
 
 

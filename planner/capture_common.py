@@ -22,6 +22,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from cost_models.errors import PlannerError
 from cost_models.ops import OpNode, ParamInfo, TensorMeta
 from planner.capture_ops import Act, Call, Param, classify
 from planner.graph import BlockInfo
@@ -47,7 +48,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-class SymbolicShapeError(ValueError):
+class SymbolicShapeError(PlannerError, ValueError):
     """A traced tensor whose shape depends on tensor values (torch.nonzero, boolean masks...)."""
 
 

@@ -1,9 +1,10 @@
 """The `planner` command line: `planner plan`, `planner explain`, `planner frontier`, ...
 
 Subcommands live in the modules of `COMMAND_MODULES`, each registered with `planner.cli_registry.command`
-(see that module for how to add one). User errors (any ValueError: a bad budget, a model that does not
+(see that module for how to add one). User errors (a `PlannerError`: a bad budget, a model that does not
 load, a broken plan file, a budget nothing fits) print one line `error: ...` to stderr and exit with 2,
-or 3 when no plan fits the budget; `--debug` prints the traceback as well.
+or 3 when no plan fits the budget; `--debug` prints the traceback as well. Any other exception is a bug
+in the planner: one line `internal error, please report ...` (exit 70), the traceback under `--debug`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import traceback
 from collections.abc import Iterator, Sequence
 
+from cost_models.errors import PlannerError, internal_error_line, one_line
 from planner.cli_registry import COMMANDS
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
@@ -26,6 +28,7 @@ COMMAND_MODULES = ("planner.cli_plan", "planner.cli_explain", "planner.cli_front
 
 EXIT_USER_ERROR = 2
 EXIT_INFEASIBLE = 3
+EXIT_INTERNAL = 70  # EX_SOFTWARE of sysexits.h: a bug in the planner, not in what the user gave it
 # torch loggers that print a traceback of their own (at ERROR) for a failure the command line then reports
 # as one line: a model whose example inputs do not fit it fails a meta kernel while it is captured.
 _NOISY_LOGGERS = ("torch._subclasses.fake_tensor",)
@@ -50,17 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument(*a.flags, **a.options)
         sub.set_defaults(run=cmd.run)
     return parser
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    return text or type(error).__name__
-
-
-def _is_infeasible(error: ValueError) -> bool:
-    """True for planner.api.InfeasibleError (looked up only if the API was imported: nothing else raises it)."""
-    api = sys.modules.get("planner.api")
-    return api is not None and isinstance(error, getattr(api, "InfeasibleError", ()))
 
 
 @contextlib.contextmanager
@@ -96,11 +88,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except ValueError as e:
+    except PlannerError as e:
         if getattr(args, "debug", False):
             traceback.print_exc()
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return getattr(e, "exit_code", EXIT_INFEASIBLE if _is_infeasible(e) else EXIT_USER_ERROR)
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return getattr(e, "exit_code", EXIT_USER_ERROR)
+    except Exception as e:  # noqa: BLE001 - anything else is a bug: say so in one line
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(internal_error_line(e), file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

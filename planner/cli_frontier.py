@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cost_models.errors import PlannerError
 from planner.cli_plan import PLANNING_ARGS, load_example, planning_options
 from planner.cli_registry import CliError, arg, command, out_console, progress
 from planner.plan_format import Plan
@@ -90,7 +91,7 @@ def trace_curve(label: str, plan_at: PlanAt, infeasible: type[Exception], budget
             span = probe_span(plan_at, infeasible)
         except infeasible:
             return Curve(label, [], note="infeasible at any budget")
-        except ValueError as e:  # e.g. a scheme this world size cannot use
+        except PlannerError as e:  # e.g. a scheme this world size cannot use
             return Curve(label, [], note=str(e).splitlines()[0])
     points: dict[int, Plan | None] = {span.high: span.fastest}
     if span.low_plan is not None:
@@ -221,7 +222,7 @@ def frontier(args: argparse.Namespace) -> int:
     baselines = _baseline_names(args.baselines)
     example = load_example(args.model)
     from planner.api import InfeasibleError, plan
-    from planner.capture import capture
+    from planner.trace import capture
 
     console = out_console()
     with progress(f"capturing {example.name}"):

@@ -26,6 +26,8 @@ from typing import Any
 
 from rich.console import Console
 
+from cost_models.errors import PlannerError
+
 __all__ = ["Arg", "Command", "COMMANDS", "CliError", "arg", "command", "progress", "out_console", "err_console"]
 
 RunFn = Callable[[argparse.Namespace], int]
@@ -53,7 +55,7 @@ class Command:
 COMMANDS: dict[str, Command] = {}
 
 
-class CliError(ValueError):
+class CliError(PlannerError, ValueError):
     """A user error found by the command line itself; `exit_code` is the process exit status."""
 
     def __init__(self, message: str, exit_code: int = 2) -> None:

@@ -33,7 +33,7 @@ import contextlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +156,13 @@ class Predicted:
     comm_bytes: int
     recompute_s: float
     released_bytes: int = 0  # absent in plans written before it existed, whose peak was the bound
-    per_op: list[OpPrediction] = field(default_factory=list)
+    per_op: list[OpPrediction] = field(default_factory=list, repr=False)
+
+    def __repr__(self) -> str:
+        """The totals only: the per-op rows (one per op, 200,000 characters for a 32-layer model) are
+        counted, not printed; `planner explain` shows them."""
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return f"Predicted({shown}, per_op=[{len(self.per_op)} ops])"
 
     @property
     def bound_bytes(self) -> int:

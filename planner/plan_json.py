@@ -17,6 +17,7 @@ import types
 from json.encoder import encode_basestring_ascii
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from cost_models.errors import PlannerError
 from cost_models.layout import Layout, LayoutError
 from cost_models.mesh import Mesh, MeshError
 
@@ -25,7 +26,7 @@ __all__ = ["PlanError", "REPLAN", "to_data", "format_json", "JsonReader", "read_
 REPLAN = "re-run `planner plan` to write a new plan"
 
 
-class PlanError(ValueError):
+class PlanError(PlannerError, ValueError):
     """A plan that cannot be read or written: names the field that is wrong and how to fix it."""
 
 

@@ -24,7 +24,7 @@ import argparse
 import sys
 from typing import Any
 
-from planner.cli_registry import arg, command
+from planner.cli_registry import CliError, arg, command
 
 __all__ = ["verify_command", "run_verify", "main"]
 
@@ -207,9 +207,9 @@ def verify_command(args: argparse.Namespace) -> int:
     from planner.verify_guard import RankGuard, init_distributed
 
     if args.steps < 0 or args.tol <= 0 or args.act_tol < 0:
-        raise ValueError("--steps must be >= 0, --tol > 0 and --act-tol >= 0")
+        raise CliError("--steps must be >= 0, --tol > 0 and --act-tol >= 0")
     ctx = init_distributed(timeout_s=args.timeout)
-    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size):
+    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size, debug=getattr(args, "debug", False)):
         status = run_verify(args.model, args.plan_file, steps=args.steps, tol=args.tol, seed=args.seed,
                             act_tol=args.act_tol, lr=args.lr, adam_eps=args.adam_eps)
     _shutdown()

@@ -28,6 +28,8 @@ from types import TracebackType
 import torch
 import torch.distributed as dist
 
+from cost_models.errors import PlannerError, internal_error_line
+
 __all__ = ["DistContext", "LaunchError", "init_distributed", "RankGuard", "FAILED_KEY", "DEAD_AFTER_S"]
 
 FAILED_KEY = "failed"
@@ -39,7 +41,7 @@ DEAD_AFTER_S = 20.0
 _GUARD_STORE_TIMEOUT_S = 30.0
 
 
-class LaunchError(ValueError):
+class LaunchError(PlannerError, ValueError):
     """The process was not started the way a distributed command needs (missing torchrun variables)."""
 
 
@@ -104,14 +106,17 @@ class RankGuard:
     process with exit code `exit_code` after printing which rank failed and why.
 
     store: a store all ranks share, over a connection nothing else blocks on (`DistContext.guard_store`);
-    poll_s: watchdog period; dead_after_s: heartbeat silence after which another rank counts as dead. `exit` is `os._exit` by default: a clean interpreter exit could block in
-    a process group's destructor while a peer is stuck in a collective.
+    poll_s: watchdog period; dead_after_s: heartbeat silence after which another rank counts as dead. `exit`
+    is `os._exit` by default: a clean interpreter exit could block in a process group's destructor while a
+    peer is stuck in a collective. An exception that is not a PlannerError is a bug: one line, and its
+    traceback on this rank's stderr with `debug`.
     """
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, *, poll_s: float = 0.5,
                  dead_after_s: float = DEAD_AFTER_S, exit_code: int = 1,
-                 exit: Callable[[int], None] = os._exit) -> None:
+                 exit: Callable[[int], None] = os._exit, debug: bool = False) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
+        self.debug = debug
         self.poll_s, self.dead_after_s, self.exit_code = poll_s, dead_after_s, exit_code
         self._exit = exit
         self._stop = threading.Event()
@@ -211,10 +216,12 @@ class RankGuard:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        if isinstance(ev, ValueError):  # a user error: one line, the command line's exit status for it
+        if isinstance(ev, PlannerError):  # a user error: one line, the command line's exit status for it
             self.fail(f"error: {type(ev).__name__}: {' '.join(str(ev).split())}", code=getattr(ev, "exit_code", 2))
-        elif ev is not None and not isinstance(ev, SystemExit | KeyboardInterrupt):
-            self.fail("".join(traceback.format_exception(et, ev, tb)).rstrip())
+        elif ev is not None and not isinstance(ev, SystemExit | KeyboardInterrupt):  # a bug: the traceback on --debug
+            if self.debug:
+                traceback.print_exception(et, ev, tb, file=sys.stderr)
+            self.fail(internal_error_line(ev))
         try:
             self.store.set(f"done/{self.rank}", "1")
         finally:

@@ -14,8 +14,8 @@ from apply_checks import compare_with_dense, dense_reference
 from apply_plans import UNIFORM_SCHEMES, mixed_plan, uniform_plan
 from distributed import run_ranks
 
-from planner.capture import capture
 from planner.models.gpt import build_gpt
+from planner.trace import capture
 
 pytestmark = pytest.mark.distributed
 

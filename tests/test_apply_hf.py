@@ -21,8 +21,8 @@ from apply_plans import mixed_plan
 from distributed import run_ranks
 
 from planner.api import plan
-from planner.capture import capture
 from planner.models.hf_gpt2 import build_hf_gpt2
+from planner.trace import capture
 
 pytestmark = pytest.mark.distributed
 

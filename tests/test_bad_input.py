@@ -20,12 +20,12 @@ import pytest
 import planner.plan_format as plan_format
 from cost_models.hardware import BUILTIN_PROFILES, ProfileError, load_profile
 from planner.api import InfeasibleError, WorldSizeError, plan
-from planner.capture import capture
 from planner.cli import main
 from planner.models.mlp import build_mlp
 from planner.plan_check import check_layouts
 from planner.plan_format import Plan, PlanError
 from planner.solve import Solution
+from planner.trace import capture
 
 ROOT = str(Path(__file__).resolve().parents[1])
 MODELS = '''\

@@ -16,6 +16,7 @@ import pytest
 from plan_examples import make_plan
 from rich.console import Console
 
+from planner.build import SchemeError
 from planner.cli import main
 from planner.cli_frontier import Curve, budget_sweep, plot_frontier, trace_curve, write_csv
 from planner.cli_plan import infeasible_error
@@ -228,7 +229,7 @@ def test_trace_curve_solves_only_inside_the_span() -> None:
 
 def test_trace_curve_notes_a_configuration_that_never_fits() -> None:
     def plan_at(budget: int) -> Plan:
-        raise ValueError("2d needs a square number of ranks")
+        raise SchemeError("2d needs a square number of ranks")
 
     curve = trace_curve("2d (ckpt)", plan_at, _NoFit, [2**30])
     assert curve.points == [] and curve.note == "2d needs a square number of ranks"

@@ -15,9 +15,9 @@ from cost_models.hardware import load_profile
 from cost_models.memory import grad_bytes_per_param, step_peak
 from cost_models.mesh import Mesh
 from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_cost
-from planner.capture import capture
 from planner.graph import ModelGraph
 from planner.models.loading import get_example
+from planner.trace import capture
 
 
 def test_step_peak_walks_the_backward() -> None:

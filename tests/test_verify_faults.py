@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from apply_plans import uniform_plan
 
-from planner.capture import capture
 from planner.models.gpt import build_gpt
+from planner.trace import capture
 
 pytestmark = pytest.mark.distributed
 

@@ -32,7 +32,10 @@ WORKER = textwrap.dedent("""
         if ctx.rank == 2 and mode == "die":
             os._exit(9)
         if ctx.rank == 2 and mode == "user":
-            raise ValueError("a user error on rank two")
+            from planner.units import BudgetError
+            raise BudgetError("a user error on rank two")
+        if ctx.rank == 2 and mode == "bug":
+            raise ValueError("a bug on rank two")
         dist.all_reduce(t)
         print("done", ctx.rank, t.tolist(), flush=True)
 """)
@@ -84,5 +87,16 @@ def test_a_dying_rank_is_named_by_the_others(tmp_path: Path) -> None:
 def test_a_user_error_is_one_line_with_exit_status_2(tmp_path: Path) -> None:
     codes, outs, _ = _run(tmp_path, "user")
     assert codes[2] == 2 and all(c != 0 for c in codes), codes
-    assert "error: ValueError: a user error on rank two" in outs[2]
+    assert "error: BudgetError: a user error on rank two" in outs[2]
     assert "Traceback" not in outs[2]
+
+
+def test_a_bug_is_one_internal_error_line_without_debug(tmp_path: Path) -> None:
+    """A ValueError that is not a PlannerError is a bug of the planner, not a user error: one line that says
+    so (exit 1 on every rank), and no traceback unless --debug."""
+    codes, outs, _ = _run(tmp_path, "bug")
+    assert all(c == 1 for c in codes), codes
+    assert "internal error, please report it" in outs[2] and "ValueError: a bug on rank two" in outs[2]
+    assert "Traceback" not in outs[2]
+    for r in (0, 1):
+        assert "rank 2" in outs[r] and "a bug on rank two" in outs[r], outs[r]

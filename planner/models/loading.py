@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from cost_models.errors import PlannerError
 from planner.models.gpt import GPT_SIZES, GPTConfigError, build_gpt
 from planner.models.hf_gpt2 import HF_GPT2_DEFAULTS, build_hf_gpt2
 from planner.models.mlp import MLP_DEFAULTS, build_mlp
@@ -30,7 +31,7 @@ __all__ = ["Example", "EXAMPLES", "ModelLoadError", "get_example", "load_model"]
 ExampleInputs = tuple[Any, ...] | dict[str, Any]
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(PlannerError, ValueError):
     """A model spec that names no built-in example and no loadable factory, or a factory that failed."""
 
 

@@ -1,5 +1,8 @@
 """`capture(model, example_inputs)`: the model as a `ModelGraph` of `OpNode`s with exact shapes.
 
+The capture stage is the module `planner.trace` (not `planner.capture`), so that the submodule never shadows
+the exported function: `planner.capture` and `from planner import capture` are always the function.
+
 Two paths, tried in order (or chosen with `method=`):
 
 1. torch.fx symbolic tracing (`planner.capture_fx`): torch-level ops, the model's own layers as leaves.
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from cost_models.errors import PlannerError
 from planner.capture_common import OpBuilder, PathFailure, assign_blocks, find_blocks
 from planner.capture_export import capture_export
 from planner.capture_fx import capture_fx
@@ -37,7 +41,7 @@ __all__ = ["capture", "CaptureError", "METHODS"]
 METHODS = ("auto", "fx", "export")
 
 
-class CaptureError(ValueError):
+class CaptureError(PlannerError, ValueError):
     """The model could not be captured; the message says what each path tried and how to fix it."""
 
 
