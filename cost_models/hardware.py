@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cost_models.errors import PlannerError
+from cost_models.files import write_atomic
 
 __all__ = ["HardwareProfile", "ProfileError", "load_profile", "BUILTIN_PROFILES", "LINKS", "PEAK_DTYPES",
            "BROADCAST_ALGORITHMS"]
@@ -192,22 +192,10 @@ class HardwareProfile:
             raise ProfileError(f"malformed hardware profile: {e}") from None
 
     def save(self, path: str | os.PathLike, atomic: bool = True) -> None:
-        """Write the profile as JSON; with `atomic`, through a temporary file renamed into place so a
-        reader never sees a half-written file."""
-        text = json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
-        target = Path(path)
-        if not atomic:
-            target.write_text(text)
-            return
-        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent or ".")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        """Write the profile as JSON through `cost_models.files.write_atomic` (a reader never sees a
+        half-written file; a path that is not a regular file is refused). `atomic` is kept for callers
+        that pass it; every write is atomic."""
+        write_atomic(path, json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n", "the hardware profile")
 
 
 def _num(value: Any, what: str) -> float:

@@ -167,13 +167,17 @@ def calibrate_command(args: argparse.Namespace) -> int:
     A bad argument fails on every rank before the process group exists; under torchrun only rank 0 reports
     it (the others exit with the same status silently), so the message is printed once.
     """
+    from cost_models.files import check_output_path
     from cost_models.hardware import load_profile
 
     try:
         config = config_from_args(args)
         if config.base is not None:
             load_profile(config.base)
-    except ValueError:
+        check_output_path(args.out, "the hardware profile")  # before a minute of measuring, not after
+        if args.samples:
+            check_output_path(args.samples, "the calibration samples")
+    except PlannerError:
         if os.environ.get("RANK", "0") != "0":
             return 2
         raise

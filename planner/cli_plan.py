@@ -97,8 +97,12 @@ def infeasible_error(error: Any, budget_bytes: int) -> CliError:
                 "Exits with 3 if no plan fits, naming the smallest budget that does.",
 )
 def plan_command(args: argparse.Namespace) -> int:
+    from cost_models.files import check_output_path
+
     budget = parse_bytes(args.budget)
     options = planning_options(args)
+    if args.out != "-":
+        check_output_path(args.out, "the plan")  # a device or FIFO at --out: refused before planning
     example = load_example(args.model)
     from planner.api import InfeasibleError, plan
 

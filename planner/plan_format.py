@@ -29,14 +29,13 @@ the same checks, so a plan that saves also loads.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cost_models.files import write_atomic
 from cost_models.layout import Layout, LayoutError
 from cost_models.mesh import Mesh
 from cost_models.strategy import SCHEMES, Strategy
@@ -264,29 +263,10 @@ class Plan:
 
     # --- files ---------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the plan atomically: a temporary file in the same folder, fsync, then rename over
-        `path`. If anything fails, an existing file at `path` is left as it was."""
-        text = self.to_json()
-        target = Path(path)
-        mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows it
-            dir_fd = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        """Write the plan atomically (`cost_models.files.write_atomic`): an existing file at `path` is left
+        as it was if anything fails; a path that is not a regular file (a device, a FIFO) is refused
+        (OutputFileError); a symbolic link is followed."""
+        write_atomic(path, self.to_json(), "the plan")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
