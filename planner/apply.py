@@ -35,12 +35,13 @@ from planner.apply_blocks import CheckpointedBlock, extract_blocks
 from planner.apply_graph import rewrite_graph
 from planner.apply_layers import LayerContext, ParamHome, build_layer
 from planner.apply_values import ApplyError, node_values
+from planner.capture_common import TORCH_DTYPES, dtype_name
 from planner.graph import ModelGraph
 from planner.plan_check import check_layouts
 from planner.plan_format import SCHEMA_VERSION, Plan
 from planner.trace import capture
 
-__all__ = ["apply_plan", "ParallelModule", "PlanMismatchError", "ApplyError", "INPUT_MODES"]
+__all__ = ["apply_plan", "check_inputs", "ParallelModule", "PlanMismatchError", "ApplyError", "INPUT_MODES"]
 
 INPUT_MODES = ("full", "sharded")
 
@@ -128,12 +129,12 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None) -> Mode
     if world != plan.world_size:
         raise PlanMismatchError(f"the plan is for {plan.world_size} ranks (mesh {plan.mesh}) but the process group "
                                 f"has {world}; re-plan with --world-size {world} or launch {plan.world_size} ranks")
+    check_inputs(model, plan, example_inputs)
     if example_inputs is None:
         if not plan.model.inputs:
             raise PlanMismatchError("the plan does not record the model's input shapes; pass example_inputs= to "
                                     "apply_plan or re-run `planner plan`")
-        device = "meta"
-        example_inputs = {i.name: torch.empty(tuple(i.shape), dtype=getattr(torch, i.dtype), device=device)
+        example_inputs = {i.name: torch.empty(tuple(i.shape), dtype=TORCH_DTYPES[i.dtype], device="meta")
                           for i in plan.model.inputs}
     with _buffers_like_params(model):
         graph = capture(model, example_inputs, name=plan.model.name)
@@ -144,6 +145,43 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None) -> Mode
             "architecture, the input shapes or the train/eval mode differ. Re-run `planner plan` for this model")
     check_layouts(graph, plan)  # a plan file edited after planning: layouts that no longer fit the shapes
     return graph
+
+
+def _describe_inputs(entries: list[tuple[str, tuple[int, ...], str]]) -> str:
+    return ", ".join(f"{n} {list(shape)} {dtype}" for n, shape, dtype in entries) or "no tensor inputs"
+
+
+def check_inputs(model: nn.Module, plan: Plan, example_inputs: Any = None) -> None:
+    """Refuse (PlanMismatchError, naming both sides) a plan whose recorded inputs do not fit `model`: an
+    input name its forward does not take, or, given `example_inputs`, a tensor input of another shape or
+    dtype. Checked before the model is captured, so a plan for another model gets this error rather than a
+    capture failure. Collective-free."""
+    recorded = [(i.name, tuple(i.shape), i.dtype) for i in plan.model.inputs]
+    if not recorded:
+        return
+    theirs = f"the plan was made for model {plan.model.name!r} with inputs {_describe_inputs(recorded)}"
+    params = inspect.signature(model.forward).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unknown = [n for n, _, _ in recorded if n not in params]
+    if unknown and not takes_any:
+        raise PlanMismatchError(f"{theirs}, but this model ({type(model).__name__}) takes "
+                                f"({', '.join(params) or 'nothing'}), not {', '.join(unknown)}; plan this model with "
+                                "`planner plan`, or apply the plan to the model it was made for")
+    if example_inputs is None:
+        return
+    if isinstance(example_inputs, Mapping):
+        given = dict(example_inputs)
+    else:
+        args = example_inputs if isinstance(example_inputs, tuple | list) else (example_inputs,)
+        try:
+            given = dict(inspect.signature(model.forward).bind_partial(*args).arguments)
+        except TypeError as e:
+            raise PlanMismatchError(f"{theirs}, but the example inputs do not fit this model's forward: {e}") from None
+    ours = [(n, tuple(t.shape), dtype_name(t.dtype)) for n, t in given.items() if isinstance(t, torch.Tensor)]
+    if not set(recorded) <= set(ours):
+        raise PlanMismatchError(f"{theirs}; this model ({type(model).__name__}) is called with "
+                                f"{_describe_inputs(ours)}; plan it with these inputs (`planner plan`), or apply the "
+                                "plan to the model and inputs it was made for")
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from cost_models.errors import PlannerError
+from planner.capture_common import TORCH_DTYPES
 from planner.graph import ModelGraph
 
 __all__ = ["ApplyError", "ParamRef", "NodeValues", "node_values", "is_foldable", "map_aggregate", "op_name", "activation_args"]
@@ -86,7 +87,7 @@ class NodeValues:
 
 
 def _meta(meta: Any) -> torch.Tensor:
-    return torch.empty(meta.shape, dtype=getattr(torch, meta.dtype), device="meta")
+    return torch.empty(meta.shape, dtype=TORCH_DTYPES[meta.dtype], device="meta")
 
 
 class _Eval(fx.Interpreter):

@@ -35,18 +35,24 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cost_models.errors import one_line
 from cost_models.files import write_atomic
 from cost_models.layout import Layout, LayoutError
 from cost_models.mesh import Mesh
+from cost_models.ops import DTYPE_BYTES
 from cost_models.strategy import SCHEMES, Strategy
 from planner.plan_json import REPLAN, JsonReader, PlanError, describe, format_json, read_mesh, to_data
 
 __all__ = [
-    "SCHEMA_VERSION", "SOLVER_STATUSES", "DEVICE_KINDS", "PlanError", "InputInfo", "ModelInfo", "AssignmentCost",
+    "SCHEMA_VERSION", "MAX_DIMS", "MAX_DIM_SIZE", "MAX_NUMEL", "SOLVER_STATUSES", "DEVICE_KINDS", "PlanError", "InputInfo", "ModelInfo", "AssignmentCost",
     "Assignment", "Redistribution", "OpPrediction", "Predicted", "SolverInfo", "PlanOptions", "Plan",
 ]
 
 SCHEMA_VERSION = 1
+# Bounds of the shapes a plan may record (model inputs, redistributed tensors): generous beyond any model.
+MAX_DIMS = 16
+MAX_DIM_SIZE = 2**40
+MAX_NUMEL = 2**50
 SOLVER_STATUSES = ("optimal", "feasible", "infeasible", "error")
 DEVICE_KINDS = ("cuda", "cpu")
 # Scheme names a user may ask for: every strategy scheme plus "1d" (1d_col and 1d_row together).
@@ -257,6 +263,8 @@ class Plan:
         except json.JSONDecodeError as e:
             raise PlanError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): the file is "
                             f"truncated or is not a plan; {REPLAN}") from None
+        except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+            raise PlanError(f"the JSON holds a number too long to be in a plan ({one_line(e)}); {REPLAN}") from None
         except RecursionError:
             raise PlanError(f"the JSON is nested too deeply to be a plan; {REPLAN}") from None
         return cls.from_dict(data)
@@ -297,8 +305,35 @@ def _check_version(data: dict[str, Any]) -> None:
                         f"version {SCHEMA_VERSION}); re-plan with `planner plan`")
 
 
+def _check_shape(shape: list[int], path: str) -> None:
+    """A tensor shape a plan may hold: at most MAX_DIMS dims of at most MAX_DIM_SIZE each, at most
+    MAX_NUMEL elements in all (far beyond any real tensor; an edited file cannot make the runtime build one)."""
+    if len(shape) > MAX_DIMS:
+        raise PlanError(f"{path}: {len(shape)} dims; a plan's tensors have at most {MAX_DIMS}; {REPLAN}")
+    numel = 1
+    for k, size in enumerate(shape):
+        if size > MAX_DIM_SIZE:
+            raise PlanError(f"{path}[{k}]: {size} is larger than any tensor dim (at most "
+                            f"2**{MAX_DIM_SIZE.bit_length() - 1}); {REPLAN}")
+        numel *= size
+    if numel > MAX_NUMEL:
+        raise PlanError(f"{path}: {shape} has more elements than any tensor (at most "
+                        f"2**{MAX_NUMEL.bit_length() - 1}); {REPLAN}")
+
+
 def _check_plan(plan: Plan) -> None:
-    """Checks that span fields: names that must exist, the peak identity, layouts that fit shapes."""
+    """Checks that span fields: names that must exist, the peak identity, layouts that fit shapes; and
+    the closed vocabularies (dtype names, schemes, statuses) and bounded shapes of every field that reaches
+    torch (nothing in a plan is looked up by name on a module)."""
+    for i, inp in enumerate(plan.model.inputs):
+        if inp.dtype not in DTYPE_BYTES:
+            raise PlanError(f"model.inputs[{i}].dtype: {inp.dtype!r} is not a tensor dtype a plan may name (one of "
+                            f"{', '.join(DTYPE_BYTES)}); {REPLAN}")
+        _check_shape(inp.shape, f"model.inputs[{i}].shape")
+        if not inp.name.isidentifier():
+            raise PlanError(f"model.inputs[{i}].name: {inp.name!r} is not an argument name; {REPLAN}")
+    for i, r in enumerate(plan.redistributions):
+        _check_shape(r.shape, f"redistributions[{i}].shape")
     nodes: set[str] = set()
     for i, a in enumerate(plan.assignments):
         if a.scheme not in SCHEMES:

@@ -24,6 +24,7 @@ from cost_models.mesh import Mesh, MeshError
 __all__ = ["PlanError", "REPLAN", "to_data", "format_json", "JsonReader", "read_mesh", "describe"]
 
 REPLAN = "re-run `planner plan` to write a new plan"
+MAX_INT = 2**63 - 1  # the largest integer a plan field holds (bytes, counts): an int64
 
 
 class PlanError(PlannerError, ValueError):
@@ -189,9 +190,17 @@ class JsonReader:
             return data
         if hint is int:
             self._expect(isinstance(data, int) and not isinstance(data, bool), "an integer", data, path)
+            if data > MAX_INT:
+                raise PlanError(f"{path}: a {len(str(data))}-digit integer is larger than any count a plan holds "
+                                f"(at most 2**63 - 1); {REPLAN}")
         elif hint is float:
             self._expect(isinstance(data, int | float) and not isinstance(data, bool), "a number", data, path)
-            data = float(data)
+            try:
+                data = float(data)
+            except OverflowError:
+                data = math.inf
+            if not math.isfinite(data):
+                raise PlanError(f"{path}: {data} is not a finite number; {REPLAN}")
         else:
             raise AssertionError(f"no reader for type {hint!r} at {path}")
         if data < 0:

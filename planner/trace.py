@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from cost_models.errors import PlannerError
-from planner.capture_common import OpBuilder, PathFailure, assign_blocks, find_blocks
+from planner.capture_common import TORCH_DTYPES, OpBuilder, PathFailure, assign_blocks, find_blocks, torch_dtype
 from planner.capture_export import capture_export
 from planner.capture_fx import capture_fx
 from planner.graph import ModelGraph
@@ -151,12 +151,10 @@ def _is_shape(x: Any) -> bool:
 
 
 def _dtype(d: Any) -> torch.dtype:
-    if isinstance(d, torch.dtype):
-        return d
-    found = getattr(torch, str(d), None)
-    if isinstance(found, torch.dtype):
+    found = torch_dtype(d)
+    if found is not None:
         return found
-    raise CaptureError(f"unknown dtype {d!r}; use a torch.dtype or a name such as 'int64' or 'bfloat16'")
+    raise CaptureError(f"unknown dtype {d!r}; use a torch.dtype or one of {', '.join(TORCH_DTYPES)}")
 
 
 def _default_dtype(model: nn.Module) -> torch.dtype:

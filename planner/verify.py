@@ -85,7 +85,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     import torch.distributed as dist
 
     from layers3d.comm import CommCounter
-    from planner.apply import apply_plan
+    from planner.apply import apply_plan, check_inputs
     from planner.measure import SavedActivationMeter, cuda_peak_memory
     from planner.plan_format import Plan
     from planner.state import gather_grads, gather_state_dict
@@ -100,6 +100,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     dense = dense.to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()} if isinstance(inputs, dict) \
         else tuple(v.to(device) for v in inputs)
+    check_inputs(dense, plan, inputs)  # a plan for another model: the mismatch error naming both, not a capture error
     parallel = apply_plan(dense, plan)
     _check_dropout(parallel.source_graph)
     report = VerifyReport(example.name, plan_path, dist.get_world_size(), str(plan.mesh), tol, act_tol,

@@ -92,11 +92,11 @@ def get_example(name: str, *, device: str | torch.device | None = None, **overri
 
 
 def _dtype(d: Any) -> torch.dtype:
-    if isinstance(d, torch.dtype):
-        return d
-    found = getattr(torch, str(d), None)
-    if not isinstance(found, torch.dtype):
-        raise ModelLoadError(f"unknown dtype {d!r}; use e.g. 'float32' or 'bfloat16'")
+    from planner.capture_common import TORCH_DTYPES, torch_dtype
+
+    found = torch_dtype(d)
+    if found is None:
+        raise ModelLoadError(f"unknown dtype {d!r}; use one of {', '.join(TORCH_DTYPES)}")
     return found
 
 
