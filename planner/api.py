@@ -12,7 +12,7 @@ from torch import nn
 from cost_models.errors import PlannerError
 from cost_models.hardware import HardwareProfile, load_profile
 from cost_models.memory import BYTES_PER_PARAM, MemoryModelError
-from cost_models.mesh import Mesh, MeshError, candidate_meshes
+from cost_models.mesh import Mesh, MeshError, candidate_meshes, check_world_size
 from planner.assemble import assemble_plan
 from planner.build import BuiltProblem, SchemeError, build_problem, expand_schemes
 from planner.graph import ModelGraph
@@ -49,9 +49,10 @@ def resolve_world_size(world_size: int | None) -> int:
             raise WorldSizeError("world_size is needed: pass world_size=N (or --world-size N), "
                                  "or call plan() inside an initialised torch.distributed process group")
         world_size = int(env) if env.isdigit() else env  # type: ignore[assignment]
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise WorldSizeError(f"world size must be a positive integer, got {world_size!r}")
-    return world_size
+    try:
+        return check_world_size(world_size)
+    except MeshError as e:
+        raise WorldSizeError(str(e)) from None
 
 
 def resolve_bytes_per_param(value: int | str) -> int:

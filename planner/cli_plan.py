@@ -44,6 +44,13 @@ def planning_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"world_size": args.world_size}
     if args.world_size is not None and args.world_size < 1:
         raise CliError(f"--world-size must be a positive number of ranks, got {args.world_size}")
+    if args.world_size is not None:
+        from cost_models.mesh import MeshError, check_world_size
+
+        try:
+            check_world_size(args.world_size)
+        except MeshError as e:
+            raise CliError(f"--world-size: {e}") from None
     if args.hardware:
         options["hardware"] = args.hardware
     if args.schemes is not None:
