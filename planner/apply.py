@@ -31,6 +31,7 @@ import torch.utils._pytree as pytree
 from cost_models.layout import Layout
 from cost_models.ops import OpNode
 from layers3d.mesh import DeviceMesh
+from planner.agree import AGREE_TIMEOUT_S, agree, inputs_digest, model_digest, plan_digest
 from planner.apply_blocks import CheckpointedBlock, extract_blocks
 from planner.apply_graph import rewrite_graph
 from planner.apply_layers import LayerContext, ParamHome, build_layer
@@ -210,18 +211,25 @@ def _run_device() -> torch.device:
 
 
 def apply_plan(model: nn.Module, plan: Plan, *, mesh: DeviceMesh | None = None, inputs: str = "full",
-               example_inputs: Any = None) -> ParallelModule:
+               example_inputs: Any = None, agree_timeout_s: float = AGREE_TIMEOUT_S) -> ParallelModule:
     """This rank's parallel version of `model` under `plan` (call it on every rank).
 
     mesh: a `layers3d.DeviceMesh` for plan.mesh (built from it when None: a collective).
     inputs: "full" (every rank passes the whole batch and gets whole outputs) or "sharded" (each rank
         passes and gets its block of the batch dim).
     example_inputs: inputs to capture the model with; by default meta tensors of the shapes in the plan.
+    agree_timeout_s: how long this rank waits for the others to arrive at the check below.
+    Before anything else every rank checks, over the rendezvous store, that all ranks hold the same plan,
+    model shapes, inputs and world size (`planner.agree`): RankMismatchError names the ranks that differ.
     Raises PlanMismatchError for a plan made for another model, world size or plan format.
     """
     if inputs not in INPUT_MODES:
         raise ApplyError(f"inputs={inputs!r}: use 'full' (whole batch on every rank) or 'sharded' (each rank its "
                          "block of the batch)")
+    if dist.is_available() and dist.is_initialized():  # before anything that differs between ranks can run
+        agree({"plan": plan_digest(plan), "model": model_digest(model), "world size": str(dist.get_world_size()),
+               "inputs": inputs_digest(example_inputs) if example_inputs is not None else "the plan's",
+               "input mode": inputs}, "apply_plan", timeout_s=agree_timeout_s)
     graph = check_plan(model, plan, example_inputs)
     if mesh is None:
         mesh = DeviceMesh(plan.mesh)

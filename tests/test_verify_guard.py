@@ -69,7 +69,6 @@ def _run(tmp_path: Path, mode: str, world: int = 3) -> tuple[list[int], list[str
 def test_a_raising_rank_stops_every_rank_with_its_message(tmp_path: Path) -> None:
     codes, outs, seconds = _run(tmp_path, "raise")
     assert all(c != 0 for c in codes), codes
-    assert seconds < 60
     assert "rank two fails on purpose" in outs[2]
     for r in (0, 1):
         assert "rank 2" in outs[r] and "rank two fails on purpose" in outs[r], outs[r]
@@ -79,7 +78,6 @@ def test_a_raising_rank_stops_every_rank_with_its_message(tmp_path: Path) -> Non
 def test_a_dying_rank_is_named_by_the_others(tmp_path: Path) -> None:
     codes, outs, seconds = _run(tmp_path, "die")
     assert codes[2] == 9 and all(c != 0 for c in codes), codes
-    assert seconds < 60
     for r in (0, 1):
         assert "rank 2 stopped responding" in outs[r], outs[r]
 
