@@ -10,7 +10,7 @@ keeps `ValueError` as a second base, so callers that catch `ValueError` keep wor
 
 from __future__ import annotations
 
-__all__ = ["PlannerError", "internal_error_line", "one_line"]
+__all__ = ["PlannerError", "PlannerWarning", "internal_error_line", "one_line"]
 
 
 class PlannerError(Exception):
@@ -18,6 +18,11 @@ class PlannerError(Exception):
     what was wrong and how to fix it. `exit_code` is the command line's exit status for it."""
 
     exit_code: int = 2
+
+
+class PlannerWarning(UserWarning):
+    """Something the plan does not cover that the user may not expect (the command line prints it as one
+    line `warning: ...`)."""
 
 
 def one_line(error: BaseException) -> str:

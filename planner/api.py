@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from cost_models.errors import PlannerError
+from cost_models.errors import PlannerError, PlannerWarning
 from cost_models.hardware import HardwareProfile, load_profile
 from cost_models.memory import BYTES_PER_PARAM, MemoryModelError
 from cost_models.mesh import Mesh, MeshError, candidate_meshes, check_world_size
@@ -22,7 +23,8 @@ from planner.solve import Solution, SolverError
 from planner.trace import capture
 from planner.units import parse_bytes
 
-__all__ = ["plan", "InfeasibleError", "WorldSizeError", "resolve_world_size", "resolve_bytes_per_param"]
+__all__ = ["plan", "InfeasibleError", "WorldSizeError", "resolve_world_size", "resolve_bytes_per_param",
+           "warn_about_coverage"]
 
 
 class InfeasibleError(PlannerError, ValueError):
@@ -53,6 +55,27 @@ def resolve_world_size(world_size: int | None) -> int:
         return check_world_size(world_size)
     except MeshError as e:
         raise WorldSizeError(str(e)) from None
+
+
+def warn_about_coverage(graph: ModelGraph) -> None:
+    """Warn (PlannerWarning) when the traced model is not a whole training step as the user likely meant it:
+    a floating input of another dtype than the parameters (the real run fails or converts it), or no scalar
+    output (no loss: the loss and its memory are not in the plan)."""
+    param_dtypes = {p.dtype for op in graph.nodes for p in op.params if p.dtype.startswith(("float", "bfloat"))}
+    for op in graph.nodes:
+        if op.kind == "input" and op.out.dtype.startswith(("float", "bfloat")) and param_dtypes \
+                and op.out.dtype not in param_dtypes:
+            warnings.warn(f"input {op.name!r} is {op.out.dtype} but the parameters of {graph.name} are "
+                          f"{', '.join(sorted(param_dtypes))}: the model will fail or convert it when it runs, and "
+                          "the plan prices it as given; pass inputs of the parameters' dtype",
+                          PlannerWarning, stacklevel=3)
+    outputs = [m for op in graph.nodes if op.kind == "output" for m in op.input_meta]
+    if outputs and not any(m.shape == () and m.dtype.startswith(("float", "bfloat")) for m in outputs):
+        shown = ", ".join(f"{list(m.shape)} {m.dtype}" for m in outputs[:3])
+        warnings.warn(f"{graph.name} returns no loss (no scalar output; it returns {shown}): the plan prices its "
+                      "forward and a backward from these outputs, but not the loss a training step computes from "
+                      "them; make forward return the loss (e.g. pass targets) to plan a whole step",
+                      PlannerWarning, stacklevel=3)
 
 
 def resolve_bytes_per_param(value: int | str) -> int:
@@ -99,6 +122,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     allowed = expand_schemes(schemes)
     graph = model if isinstance(model, ModelGraph) else capture(model, example_inputs, input_shapes=input_shapes,
                                                                 name=name)
+    warn_about_coverage(graph)
     mesh_list = list(meshes) if meshes is not None else candidate_meshes(n, hw.gpus_per_node)
     for m in mesh_list:
         if m.world_size != n:

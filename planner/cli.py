@@ -13,11 +13,14 @@ import argparse
 import contextlib
 import importlib
 import logging
+import re
 import sys
 import traceback
+import warnings
 from collections.abc import Iterator, Sequence
+from typing import Any
 
-from cost_models.errors import PlannerError, internal_error_line, one_line
+from cost_models.errors import PlannerError, PlannerWarning, internal_error_line, one_line
 from planner.cli_registry import COMMANDS
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
@@ -52,7 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
         for a in cmd.args:
             sub.add_argument(*a.flags, **a.options)
         sub.set_defaults(run=cmd.run)
+        _values_may_start_with_minus(sub)
+    _values_may_start_with_minus(parser)
     return parser
+
+
+def _values_may_start_with_minus(parser: argparse.ArgumentParser) -> None:
+    """Let `--budget -1GiB` reach the option (whose own check says what is wrong with a negative size)
+    instead of argparse taking "-1GiB" for an unknown option and printing its usage block. argparse reads
+    an argument as a value when it looks like a negative number and no option does; that test is widened
+    from "-1" / "-1.5" to anything starting with a minus and a digit or a point."""
+    parser._negative_number_matcher = re.compile(r"^-\.?\d")  # noqa: SLF001 - argparse has no public switch
+
 
 
 @contextlib.contextmanager
@@ -70,6 +84,25 @@ def _quiet_torch(quiet: bool) -> Iterator[None]:
             lg.removeFilter(drop)
 
 
+@contextlib.contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """Show a PlannerWarning as one line `warning: ...` on stderr (not Python's file:line form)."""
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, *rest: Any) -> None:
+        if issubclass(category, PlannerWarning):
+            print(f"warning: {one_line(message) if isinstance(message, BaseException) else message}",
+                  file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, *rest)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 class _DropBelowCritical(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.CRITICAL
@@ -83,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USER_ERROR
     try:
-        with _quiet_torch(not getattr(args, "debug", False)):
+        with _quiet_torch(not getattr(args, "debug", False)), _warnings_as_lines():
             return args.run(args)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

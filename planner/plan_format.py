@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from cost_models.errors import one_line
@@ -53,6 +52,7 @@ SCHEMA_VERSION = 1
 MAX_DIMS = 16
 MAX_DIM_SIZE = 2**40
 MAX_NUMEL = 2**50
+MAX_PLAN_BYTES = 256 * 2**20  # the most a plan file may hold
 SOLVER_STATUSES = ("optimal", "feasible", "infeasible", "error")
 DEVICE_KINDS = ("cuda", "cpu")
 # Scheme names a user may ask for: every strategy scheme plus "1d" (1d_col and 1d_row together).
@@ -280,9 +280,15 @@ class Plan:
     def load(cls, path: str | os.PathLike[str]) -> Plan:
         """Read and check a plan file; raises PlanError (with the path) for anything wrong with it."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            with open(path, "rb") as f:
+                raw = f.read(MAX_PLAN_BYTES + 1)  # bounded: `planner explain /dev/zero` must not read forever
         except OSError as e:
             raise PlanError(f"cannot read plan file {str(path)!r}: {e.strerror or e}") from None
+        if len(raw) > MAX_PLAN_BYTES:
+            raise PlanError(f"{path}: more than {MAX_PLAN_BYTES // 2**20} MiB, larger than any plan (a 96-layer model's "
+                            "is a few MiB); is this a plan written by `planner plan`?")
+        try:
+            text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise PlanError(f"{path}: not a text file; is this a plan written by `planner plan`?") from None
         try:

@@ -8,6 +8,7 @@ some other environment on the machine.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,9 @@ def kernel_name(tmp_path, monkeypatch) -> str:
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "planner tests", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    # The kernel starts in notebooks/: put this checkout first, so it runs the code under test (not another
+    # checkout an editable install may point to).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(NOTEBOOK.parents[1]), os.environ.get("PYTHONPATH", "")]))
     return KERNEL
 
 

@@ -20,13 +20,17 @@ ROOT = str(Path(__file__).resolve().parents[1])
 WORKER = textwrap.dedent("""
     import os, sys, time
     import torch, torch.distributed as dist
+    from layers3d.inflight import tracked
     from planner.verify_guard import RankGuard, init_distributed
 
     ctx = init_distributed(timeout_s=120)
     mode = sys.argv[1]
-    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size, poll_s=0.2, dead_after_s=5):
+    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size, poll_s=0.2, dead_after_s=5, deadline_s=3):
         t = torch.ones(4)
-        dist.all_reduce(t)
+        with tracked("all_reduce", (), "first"):
+            dist.all_reduce(t)
+        if ctx.rank == 2 and mode == "stuck":  # runs another program: never joins the second all-reduce
+            time.sleep(600)
         if ctx.rank == 2 and mode == "raise":
             raise RuntimeError("rank two fails on purpose")
         if ctx.rank == 2 and mode == "die":
@@ -36,7 +40,8 @@ WORKER = textwrap.dedent("""
             raise BudgetError("a user error on rank two")
         if ctx.rank == 2 and mode == "bug":
             raise ValueError("a bug on rank two")
-        dist.all_reduce(t)
+        with tracked("all_reduce", (), "second"):
+            dist.all_reduce(t)
         print("done", ctx.rank, t.tolist(), flush=True)
 """)
 
@@ -98,3 +103,15 @@ def test_a_bug_is_one_internal_error_line_without_debug(tmp_path: Path) -> None:
     assert "Traceback" not in outs[2]
     for r in (0, 1):
         assert "rank 2" in outs[r] and "a bug on rank two" in outs[r], outs[r]
+
+
+def test_a_rank_waiting_past_the_deadline_names_the_collective_and_the_missing_peer(tmp_path: Path) -> None:
+    """Rank 2 runs another program and never joins the second all-reduce: ranks 0 and 1 wait in it past the
+    3 s deadline, and every rank stops saying which collective and where rank 2 is instead (the backend's
+    own timeout, 120 s, would end the run much later and name neither)."""
+    codes, outs, _ = _run(tmp_path, "stuck")
+    assert all(c != 0 for c in codes), codes
+    for r in range(3):
+        assert "waited more than 3 s in all_reduce #1 over all ranks (second)" in outs[r], outs[r]
+        assert "rank 2 is in no collective" in outs[r], outs[r]
+        assert "done" not in outs[r]

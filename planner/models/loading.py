@@ -162,6 +162,10 @@ def _import_file(path: str) -> Any:
     try:
         with _on_path(os.path.dirname(full)):
             spec.loader.exec_module(module)
+    except SystemExit as e:  # sys.exit() in model code would end the planner with the model's status, silently
+        del sys.modules[mod_name]
+        raise ModelLoadError(f"importing {path} called sys.exit({e.code!r}); model code must not exit the "
+                             "process: guard the script part with `if __name__ == \"__main__\":`") from e
     except Exception as e:
         del sys.modules[mod_name]
         raise ModelLoadError(f"importing {path} failed: {type(e).__name__}: {e}") from e
@@ -171,6 +175,9 @@ def _import_file(path: str) -> Any:
 def _import_module(name: str) -> Any:
     try:
         return importlib.import_module(name)
+    except SystemExit as e:
+        raise ModelLoadError(f"importing module {name!r} called sys.exit({e.code!r}); model code must not exit "
+                             "the process: guard the script part with `if __name__ == \"__main__\":`") from e
     except ModuleNotFoundError as e:
         raise ModelLoadError(f"cannot import module {name!r} ({e}); check the name, install the package, or "
                              f"run from the directory that contains it") from e
@@ -181,6 +188,9 @@ def _import_module(name: str) -> Any:
 def _call(factory: Callable[[], Any], spec: str) -> Any:
     try:
         return factory()
+    except SystemExit as e:
+        raise ModelLoadError(f"factory {spec} called sys.exit({e.code!r}) instead of returning (model, "
+                             "example_inputs)") from e
     except Exception as e:
         raise ModelLoadError(f"factory {spec} raised {type(e).__name__}: {e}") from e
 
