@@ -57,9 +57,9 @@ print("RESULTS " + _json.dumps({
 @pytest.mark.timeout(900)
 def test_notebook_runs_and_draws_its_pictures(kernel_name):
     """The notebook runs, draws its three pictures, and what it computed holds: every plan of the sweep fits
-    its budget, more memory never makes the plan slower, and the planner's plan is never slower than a
-    uniform-scheme baseline at a budget where both fit. (No wall-clock limit: a loaded CI machine may
-    take several times longer than a quiet one.)"""
+    its budget, more memory never makes a plan slower (the planner's or a baseline's), and the frontier
+    reuses the sweep's plans. (No wall-clock limit: a loaded CI machine may take several times longer than
+    a quiet one.)"""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(RESULTS_CELL))
     client = nbclient.NotebookClient(nb, kernel_name=kernel_name, timeout=CELL_TIMEOUT_S,
@@ -77,8 +77,7 @@ def test_notebook_runs_and_draws_its_pictures(kernel_name):
     assert len(budgets) >= 2 and all(bound <= budget for bound, budget in zip(bounds, budgets)), (bounds, budgets)
     assert all(later <= earlier * (1 + 1e-9) for earlier, later in zip(steps, steps[1:])), steps
     planner_at = dict((b, t) for b, t in results["curves"].pop("planner"))
-    assert set(budgets) <= set(planner_at)
-    for label, points in results["curves"].items():
-        for budget, step in points:
-            if budget in planner_at:
-                assert planner_at[budget] <= step * (1 + 1e-9), (label, budget, planner_at[budget], step)
+    assert all(planner_at[b] == t for b, t in zip(budgets, steps))  # the frontier reuses the sweep's plans
+    for label, points in results["curves"].items():  # each baseline: more memory never slower either
+        times = [t for _, t in points]
+        assert all(later <= earlier * (1 + 1e-9) for earlier, later in zip(times, times[1:])), (label, points)
