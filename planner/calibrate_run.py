@@ -307,6 +307,13 @@ def run(config: CalibrateConfig, out: str, *, samples_out: str | None = None,
     """
     created = _init_process_group(config.timeout_s)
     try:
+        from planner.agree import agree, text_digest
+
+        # Ranks with other settings would time other collectives: agree before the first one.
+        agree({"settings": f"{text_digest(repr(config))} (sizes {config.min_bytes}-{config.max_bytes} B, kinds "
+                           f"{','.join(config.kinds)})", "world size": str(dist.get_world_size())},
+              "the first collective of planner calibrate",
+              timeout_s=config.timeout_s)
         device = _device()
         base = load_profile(config.base or _default_base(device))
         cal = calibrate(config)

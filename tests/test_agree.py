@@ -105,3 +105,24 @@ def test_planner_verify_with_a_different_plan_on_rank_3_ends_on_every_rank(tmp_p
     for out in outs:
         assert "RankMismatchError: the ranks disagree" in out and "rank 3" in out and "ranks 0-2" in out, out
         assert "Traceback" not in out
+
+
+def _calibrate_with_rank_3_different(rank: int, out: str) -> str:
+    from planner.calibrate import CalibrateConfig
+    from planner.calibrate_run import run
+
+    config = CalibrateConfig(min_bytes=4096, max_bytes=(32 if rank == 3 else 16) * 1024, reps=1, passes=1,
+                             base="cpu-gloo", compute_seconds=0.05, timeout_s=60)
+    try:
+        run(config, out)
+    except RankMismatchError as e:
+        return str(e)
+    return "calibrated"
+
+
+@pytest.mark.distributed
+def test_calibrate_ranks_with_other_settings_stop_before_measuring(tmp_path: Path) -> None:
+    messages = run_ranks(_calibrate_with_rank_3_different, 4, timeout_s=240, args=(str(tmp_path / "p.json"),))
+    assert len(set(messages)) == 1 and "the first collective of planner calibrate" in messages[0], messages
+    assert "settings: ranks 0-2" in messages[0] and "sizes 4096-16384 B" in messages[0] and "4096-32768" in messages[0]
+    assert not (tmp_path / "p.json").exists()

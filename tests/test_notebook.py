@@ -57,8 +57,7 @@ print("RESULTS " + _json.dumps({
 @pytest.mark.timeout(900)
 def test_notebook_runs_and_draws_its_pictures(kernel_name):
     """The notebook runs, draws its three pictures, and what it computed holds: every plan of the sweep fits
-    its budget, more memory never makes a plan slower (the planner's or a baseline's), and the frontier
-    reuses the sweep's plans. (No wall-clock limit: a loaded CI machine may take several times longer than
+    its budget, and more memory never makes a plan slower (the planner's or a uniform-scheme baseline's). (No wall-clock limit: a loaded CI machine may take several times longer than
     a quiet one.)"""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(RESULTS_CELL))
@@ -76,8 +75,7 @@ def test_notebook_runs_and_draws_its_pictures(kernel_name):
     assert budgets == sorted(budgets) and budgets[0] == results["low"] and budgets[-1] == results["high"]
     assert len(budgets) >= 2 and all(bound <= budget for bound, budget in zip(bounds, budgets)), (bounds, budgets)
     assert all(later <= earlier * (1 + 1e-9) for earlier, later in zip(steps, steps[1:])), steps
-    planner_at = dict((b, t) for b, t in results["curves"].pop("planner"))
-    assert all(planner_at[b] == t for b, t in zip(budgets, steps))  # the frontier reuses the sweep's plans
-    for label, points in results["curves"].items():  # each baseline: more memory never slower either
+    assert [b for b, _ in results["curves"]["planner"]] == budgets  # the frontier is planned at the sweep's budgets
+    for label, points in results["curves"].items():  # each curve: more memory never slower either
         times = [t for _, t in points]
         assert all(later <= earlier * (1 + 1e-9) for earlier, later in zip(times, times[1:])), (label, points)
