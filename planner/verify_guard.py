@@ -158,6 +158,7 @@ class RankGuard:
         except Exception:  # noqa: BLE001 - the store itself may be gone; still exit
             cause = text
         self._stop.set()
+        _note_failure(cause)
         if cause != text:
             last = message.splitlines()[-1] if message else ""
             print(f"[planner] rank {self.rank} stopping because {cause}\n[planner] (rank {self.rank} saw: {last})",
@@ -235,6 +236,7 @@ class RankGuard:
         self._stop_for(cause)
 
     def _stop_for(self, message: str) -> None:
+        _note_failure(message)
         print(f"[planner] rank {self.rank} stopping: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         # Stay up a few polls: without a launcher's store, rank 0 hosts it, and the other ranks must still
@@ -259,3 +261,17 @@ class RankGuard:
         finally:
             self._stop.set()
             self._thread.join(timeout=5 * self.poll_s)
+
+
+def _note_failure(message: str) -> None:
+    """Write the run's failure to $PLANNER_FAILURE_FILE (set by `planner.launch`), unless a rank did already,
+    so the launcher can print it as its last line."""
+    path = os.environ.get("PLANNER_FAILURE_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "r+", encoding="utf-8") as f:
+            if not f.read():
+                f.write(message.strip().splitlines()[0] if message.strip() else message)
+    except OSError:
+        pass
