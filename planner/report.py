@@ -132,18 +132,15 @@ _KIND_SHORT = {"embedding": "embed", "layer_norm": "norm", "cross_entropy": "xen
 _NODE_WIDTH = 20
 
 
-def _middle_cut(name: str, width: int) -> str:
-    """`name` in at most `width` characters, cut in the middle (the end of an op name tells ops apart:
-    transformer_h_0_attn_c_attn / ..._c_proj)."""
-    if len(name) <= width:
-        return name
-    head = (width - 1) // 3
-    return name[:head] + "…" + name[len(name) - (width - 1 - head):]
+def _cut_front(name: str, width: int) -> str:
+    """`name` in at most `width` characters, its start cut: the end of an op name tells ops apart
+    (…h_0_attn_c_attn / …h_1_attn_c_proj), its start is the model's common prefix."""
+    return name if len(name) <= width else "…" + name[len(name) - width + 1:]
 
 
 def _op_table(plan: Plan, show_all: bool, wide: bool = False) -> tuple[Table, int]:
     """The per-op table. Narrow by default (fits 120 columns: the strategy column left out, times summed,
-    long names cut with an ellipsis); `wide` shows every column in full."""
+    long names cut at the front with an ellipsis); `wide` shows every column in full."""
     totals = plan_totals(plan)
     shown = [a for a in plan.assignments if show_all or a.scheme != "follow"]
     table = Table(title=f"{plan.model.name} on mesh {plan.mesh}: {len(plan.assignments)} ops", show_footer=True,
@@ -171,7 +168,7 @@ def _op_table(plan: Plan, show_all: bool, wide: bool = False) -> tuple[Table, in
         if wide:
             node = a.node + (" (ckpt)" if a.block in ckpt else "")
         else:
-            node = _middle_cut(a.node, _NODE_WIDTH - 1) + ("*" if a.block in ckpt else "")
+            node = _cut_front(a.node, _NODE_WIDTH - 1) + ("*" if a.block in ckpt else "")
         kind = a.kind if wide else _KIND_SHORT.get(a.kind, a.kind)
         sizes = [format_bytes(c.state_bytes), format_bytes(c.saved_bytes), format_bytes(c.transient_bytes),
                  format_bytes(c.comm_bytes)]
