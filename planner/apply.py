@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -152,19 +154,24 @@ def _describe_inputs(entries: list[tuple[str, tuple[int, ...], str]]) -> str:
     return ", ".join(f"{n} {list(shape)} {dtype}" for n, shape, dtype in entries) or "no tensor inputs"
 
 
+def _names_match(recorded: str, param: str) -> bool:
+    """A traced input name for a forward parameter: the same, or as torch.fx renames it (`input` ->
+    `input_1`, `*args` -> `args_0`)."""
+    return recorded == param or re.fullmatch(re.escape(param) + r"_\d+", recorded) is not None
+
+
 def check_inputs(model: nn.Module, plan: Plan, example_inputs: Any = None) -> None:
     """Refuse (PlanMismatchError, naming both sides) a plan whose recorded inputs do not fit `model`: an
-    input name its forward does not take, or, given `example_inputs`, a tensor input of another shape or
-    dtype. Checked before the model is captured, so a plan for another model gets this error rather than a
+    input name its forward does not take, or, given `example_inputs`, tensor inputs of other shapes or
+    dtypes. Checked before the model is captured, so a plan for another model gets this error rather than a
     capture failure. Collective-free."""
     recorded = [(i.name, tuple(i.shape), i.dtype) for i in plan.model.inputs]
     if not recorded:
         return
     theirs = f"the plan was made for model {plan.model.name!r} with inputs {_describe_inputs(recorded)}"
     params = inspect.signature(model.forward).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    unknown = [n for n, _, _ in recorded if n not in params]
-    if unknown and not takes_any:
+    unknown = [n for n, _, _ in recorded if not any(_names_match(n, p) for p in params)]
+    if unknown:
         raise PlanMismatchError(f"{theirs}, but this model ({type(model).__name__}) takes "
                                 f"({', '.join(params) or 'nothing'}), not {', '.join(unknown)}; plan this model with "
                                 "`planner plan`, or apply the plan to the model it was made for")
@@ -178,8 +185,12 @@ def check_inputs(model: nn.Module, plan: Plan, example_inputs: Any = None) -> No
             given = dict(inspect.signature(model.forward).bind_partial(*args).arguments)
         except TypeError as e:
             raise PlanMismatchError(f"{theirs}, but the example inputs do not fit this model's forward: {e}") from None
-    ours = [(n, tuple(t.shape), dtype_name(t.dtype)) for n, t in given.items() if isinstance(t, torch.Tensor)]
-    if not set(recorded) <= set(ours):
+    ours = []
+    for name, value in given.items():
+        values = [value] if isinstance(value, torch.Tensor) else list(value) if isinstance(value, tuple | list) else []
+        ours += [(name if len(values) == 1 and v is value else f"{name}_{k}", tuple(v.shape), dtype_name(v.dtype))
+                 for k, v in enumerate(values) if isinstance(v, torch.Tensor)]
+    if Counter((shape, dtype) for _, shape, dtype in recorded) - Counter((shape, dtype) for _, shape, dtype in ours):
         raise PlanMismatchError(f"{theirs}; this model ({type(model).__name__}) is called with "
                                 f"{_describe_inputs(ours)}; plan it with these inputs (`planner plan`), or apply the "
                                 "plan to the model and inputs it was made for")

@@ -183,3 +183,34 @@ def test_a_model_without_a_loss_is_a_warning(models: Path, tmp_path: Path, capfd
     assert len(lines) == 1 and "returns no loss" in lines[0] and "[8, 4] float32" in lines[0]
     code, _, err = _run(["plan", "mlp", *PLAN, "--out", str(tmp_path / "q.json")], capfd)
     assert code == 0 and "warning:" not in err  # a model that returns its loss: no warning
+
+
+def test_inputs_renamed_by_tracing_still_match() -> None:
+    """torch.fx names the input of `nn.Sequential.forward(input)` `input_1` and `*args` `args_0`: the plan's
+    recorded names match those forwards (no false mismatch), and only another shape is refused."""
+    import torch
+
+    from planner.api import plan
+
+    class VarArgs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 4)
+
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            return self.fc(args[0]).pow(2).mean()
+
+    x = torch.randn(8, 16)
+    for model in (torch.nn.Sequential(torch.nn.Linear(16, 16)), VarArgs()):
+        with pytest.warns(UserWarning) if isinstance(model, torch.nn.Sequential) else _nothing():
+            p = plan(model, "1GiB", world_size=2, example_inputs=(x,), workers=1)
+        check_inputs(model, p, (x,))
+        check_inputs(model, p)
+        with pytest.raises(PlanMismatchError, match=r"\[4, 16\] float32"):
+            check_inputs(model, p, (torch.randn(4, 16),))
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
