@@ -27,7 +27,7 @@ from distributed import run_ranks  # noqa: E402
 from fidelity_cases import SCHEMES, make_plans, measure_rank  # noqa: E402
 
 from planner.models.loading import get_example  # noqa: E402
-from planner.trace import capture  # noqa: E402
+from planner.capture import capture  # noqa: E402
 
 MODELS = {"gpt-tiny": {"batch_size": 32, "seq_len": 64}, "hf-gpt2": {}}
 

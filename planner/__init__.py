@@ -6,7 +6,7 @@
     parallel_model = apply_plan(model, Plan.load("plan.json"))   # on every rank, inside a process group
 
 Names are imported on first use, so `import planner` stays cheap and each part can be used alone. No
-exported name is also the name of a submodule (the capture stage is `planner.trace`): importing a
+exported name is also the name of a submodule (the capture stage is `planner.capture`): importing a
 submodule sets it as an attribute of the package, which would shadow an exported function of that name.
 """
 
@@ -23,8 +23,8 @@ _EXPORTS = {
     "PlanError": "planner.plan_format",
     "apply_plan": "planner.apply",
     "gather_state_dict": "planner.state",
-    "capture": "planner.trace",
-    "CaptureError": "planner.trace",
+    "capture": "planner.capture",
+    "CaptureError": "planner.capture",
     "PlannerError": "cost_models.errors",
     "ModelGraph": "planner.graph",
     "BlockInfo": "planner.graph",

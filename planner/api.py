@@ -20,7 +20,7 @@ from planner.graph import ModelGraph
 from planner.plan_format import Plan
 from planner.plan_meshes import MeshResult, plan_mesh, plan_meshes
 from planner.solve import Solution, SolverError
-from planner.trace import capture
+from planner.capture import capture
 from planner.units import parse_bytes
 
 __all__ = ["plan", "InfeasibleError", "WorldSizeError", "resolve_world_size", "resolve_bytes_per_param",

@@ -42,7 +42,7 @@ from planner.capture_common import TORCH_DTYPES, dtype_name
 from planner.graph import ModelGraph
 from planner.plan_check import check_layouts
 from planner.plan_format import SCHEMA_VERSION, Plan
-from planner.trace import capture
+from planner.capture import capture
 
 __all__ = ["apply_plan", "check_inputs", "ParallelModule", "PlanMismatchError", "ApplyError", "INPUT_MODES"]
 

@@ -229,7 +229,7 @@ def frontier(args: argparse.Namespace) -> int:
         check_output_path(f"{args.out_prefix}.{suffix}", f"the frontier {suffix.upper()}")
     example = load_example(args.model)
     from planner.api import InfeasibleError, plan
-    from planner.trace import capture
+    from planner.capture import capture
 
     console = out_console()
     with progress(f"capturing {example.name}"):

@@ -1,6 +1,6 @@
 """The captured model: ops in execution order, their data-flow graph and the model's repeated blocks.
 
-`planner.trace.capture` builds a `ModelGraph`; the cost model reads its `OpNode`s, the plan builder its blocks,
+`planner.capture.capture` builds a `ModelGraph`; the cost model reads its `OpNode`s, the plan builder its blocks,
 and the plan records its `fingerprint` so that a plan can be checked against the model it was made for.
 `gm` keeps the traced `torch.fx.GraphModule` for the rewrite that applies a plan: every `OpNode.name` is
 the name of an FX node of `gm`.

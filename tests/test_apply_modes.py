@@ -19,7 +19,7 @@ from planner.models.gpt import build_gpt
 from planner.models.loading import get_example
 from planner.plan_format import Plan, PlanError
 from planner.state import gather_grads, gather_state_dict
-from planner.trace import capture
+from planner.capture import capture
 from planner.verify_report import rel_error
 
 pytestmark = pytest.mark.distributed

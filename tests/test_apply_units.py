@@ -16,7 +16,7 @@ from planner.apply_graph import BLOCK_KEY
 from planner.apply_values import ApplyError, is_foldable, node_values
 from planner.measure import SavedActivationMeter, note_kept
 from planner.models.gpt import build_gpt
-from planner.trace import capture
+from planner.capture import capture
 from planner.verify_report import ErrorRow, VerifyReport, format_report, rel_error
 
 

@@ -25,7 +25,7 @@ from planner.models.mlp import build_mlp
 from planner.plan_check import check_layouts
 from planner.plan_format import Plan, PlanError
 from planner.solve import Solution
-from planner.trace import capture
+from planner.capture import capture
 
 ROOT = str(Path(__file__).resolve().parents[1])
 MODELS = '''\

@@ -16,7 +16,7 @@ from planner.api import plan
 from planner.graph import ModelGraph
 from planner.models.loading import get_example
 from planner.plan_format import Plan
-from planner.trace import capture
+from planner.capture import capture
 
 # Axis x crosses the two nodes (inter), axis y stays inside one (intra).
 MESH = Mesh((2, 2), ("x", "y"), ranks_per_node=2)

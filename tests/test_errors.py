@@ -99,7 +99,7 @@ def test_an_exception_in_a_planning_worker_shows_where_it_was_raised() -> None:
 
 def test_capture_is_the_function_every_time_also_after_planning() -> None:
     """`planner.capture` was both the exported function and a submodule; after the submodule was imported
-    (planning imports it), `planner.capture` became the module. The capture stage is `planner.trace` now."""
+    (planning imports it), `planner.capture` became the module. The capture stage is `planner.capture` now."""
     code = ("import planner\n"
             "from planner.models import get_example\n"
             "def check():\n"

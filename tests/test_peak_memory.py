@@ -20,7 +20,7 @@ from cost_models.mesh import Mesh
 from cost_models.redistribution import plan_redistribution
 from planner.measure_memory import PeakMemoryMeter, step_peak_bytes
 from planner.models.gpt import build_gpt
-from planner.trace import capture
+from planner.capture import capture
 
 TOL = 0.10
 SIZE = {"batch_size": 32, "seq_len": 64}  # activations ~8x the model states of a replicated rank

@@ -37,7 +37,7 @@ from planner.graph import ModelGraph
 from planner.models.gpt import build_gpt
 from planner.models.mlp import build_mlp
 from planner.plan_format import Plan
-from planner.trace import capture
+from planner.capture import capture
 
 PROFILE = os.environ.get("PLANNER_HYPOTHESIS", "default")
 if PROFILE not in ("default", "extended"):

@@ -17,7 +17,7 @@ from cost_models.mesh import Mesh
 from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_cost
 from planner.graph import ModelGraph
 from planner.models.loading import get_example
-from planner.trace import capture
+from planner.capture import capture
 
 
 def test_step_peak_walks_the_backward() -> None:

@@ -21,7 +21,7 @@ import pytest
 from apply_plans import uniform_plan
 
 from planner.models.gpt import build_gpt
-from planner.trace import capture
+from planner.capture import capture
 
 pytestmark = pytest.mark.distributed
 

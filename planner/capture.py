@@ -1,6 +1,6 @@
 """`capture(model, example_inputs)`: the model as a `ModelGraph` of `OpNode`s with exact shapes.
 
-The capture stage is the module `planner.trace` (not `planner.capture`), so that the submodule never shadows
+The capture stage is the module `planner.capture` (not `planner.capture`), so that the submodule never shadows
 the exported function: `planner.capture` and `from planner import capture` are always the function.
 
 Two paths, tried in order (or chosen with `method=`):
