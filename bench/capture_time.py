@@ -30,7 +30,7 @@ def measure(name: str, device: str | None) -> dict[str, object]:
     import torch  # noqa: F401  (import time reported separately from build and capture)
 
     from planner.models import get_example
-    from planner.capture import capture
+    from planner.trace.tracer import capture
 
     t_import = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -26,7 +26,7 @@ from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_co
 
 def gpt3_ops() -> list[OpNode]:
     from planner.models.gpt import build_gpt
-    from planner.capture import capture
+    from planner.trace.tracer import capture
 
     model, example = build_gpt("gpt3-175b", device="meta")
     ops = list(capture(model, example))

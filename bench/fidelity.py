@@ -6,8 +6,8 @@
 For each model, every uniform scheme (replicate, fsdp, 1d, 2d, 3d, 3d_allreduce) and the rule-picked mixed
 plan, each without and with every block checkpointed, on 8 forked gloo ranks of this CPU machine: the
 plan is applied, one forward/backward is measured (collective bytes by layers3d.CommCounter, saved
-activations by planner.measure.SavedActivationMeter) and then one AdamW step's peak memory
-(planner.measure_memory). Prints per case: predicted / measured / ratio (measured over predicted) of each,
+activations by planner.verify.measure.SavedActivationMeter) and then one AdamW step's peak memory
+(planner.verify.measure_memory). Prints per case: predicted / measured / ratio (measured over predicted) of each,
 measured values from the rank with the largest peak. "unplanned" is communication the plan does not
 price (input/output conversions of the drop-in interface, and tied weights, e.g. HF GPT-2's wte/lm_head
 when the two take different layouts).
@@ -27,7 +27,7 @@ from distributed import run_ranks  # noqa: E402
 from fidelity_cases import SCHEMES, make_plans, measure_rank  # noqa: E402
 
 from planner.models.loading import get_example  # noqa: E402
-from planner.capture import capture  # noqa: E402
+from planner.trace.tracer import capture  # noqa: E402
 
 MODELS = {"gpt-tiny": {"batch_size": 32, "seq_len": 64}, "hf-gpt2": {}}
 

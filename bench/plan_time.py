@@ -13,7 +13,7 @@ import argparse
 import time
 
 from planner import get_example, plan
-from planner.capture import capture
+from planner.trace.tracer import capture
 
 
 def timed_plan(name: str, world: int, budget: str, **overrides) -> tuple[float, float, object]:

@@ -21,8 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.solve import Problem, Solution, solve  # noqa: E402
-from planner.solve.synthetic import repeated_blocks  # noqa: E402
+from planner.search.solve import Problem, Solution, solve  # noqa: E402
+from planner.search.solve.synthetic import repeated_blocks  # noqa: E402
 
 
 def _timed(problem: Problem, method: str, limit: float) -> tuple[Solution, float, float]:

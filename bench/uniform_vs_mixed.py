@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from planner import InfeasibleError, get_example, parse_bytes, plan
-from planner.capture import capture
+from planner.trace.tracer import capture
 from planner.units import format_bytes
 
 UNIFORM = ["replicate", "fsdp", "1d", "2d", "3d", "3d_allreduce"]

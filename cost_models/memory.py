@@ -8,7 +8,7 @@
     peak           = the most, over the points of one training step, of what is alive there (`step_peak`)
                   <= model states + saved + max transient (the bound the solver's constraint uses)
 
-The peak this predicts is what `planner.measure_memory` measures: the most bytes held at once by tensor
+The peak this predicts is what `planner.verify.measure_memory` measures: the most bytes held at once by tensor
 storages during a training step (parameters, gradients, optimizer states, inputs, everything the step
 creates). The backward pass runs the ops in reverse: when it differentiates op i, the gradients of the
 parameters of ops i..n-1 exist, those of ops 0..i-1 do not yet, and the saved activations of ops after i

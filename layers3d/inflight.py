@@ -3,7 +3,7 @@
 Every collective the project issues (`layers3d.comm`, the process groups of `DeviceMesh`, the gathers of
 `planner verify`) runs inside `tracked(kind, ranks, what)`: while it runs, `in_flight()` says which one it
 is (its kind, the global ranks of its group, the per-group sequence number, how long it has waited) and
-`finished()` counts the collectives done per group. The guard thread of `planner.verify_guard` publishes
+`finished()` counts the collectives done per group. The guard thread of `planner.verify.guard` publishes
 this beside its heartbeat, so when one rank waits past the deadline it can name the collective and the
 peers that are not in it (where they are instead). Ranks that run the same program number the
 collectives of a group the same way, so equal (group, sequence number) means the same collective.

@@ -6,7 +6,7 @@
     parallel_model = apply_plan(model, Plan.load("plan.json"))   # on every rank, inside a process group
 
 Names are imported on first use, so `import planner` stays cheap and each part can be used alone. No
-exported name is also the name of a submodule (the capture stage is `planner.capture`): importing a
+exported name is also the name of a submodule (the capture stage is the package `planner.trace`): importing a
 submodule sets it as an attribute of the package, which would shadow an exported function of that name.
 """
 
@@ -19,15 +19,15 @@ _EXPORTS = {
     "plan": "planner.api",
     "InfeasibleError": "planner.api",
     "WorldSizeError": "planner.api",
-    "Plan": "planner.plan_format",
-    "PlanError": "planner.plan_format",
-    "apply_plan": "planner.apply",
-    "gather_state_dict": "planner.state",
-    "capture": "planner.capture",
-    "CaptureError": "planner.capture",
+    "Plan": "planner.plans.format",
+    "PlanError": "planner.plans.format",
+    "apply_plan": "planner.apply.rewrite",
+    "gather_state_dict": "planner.apply.state",
+    "capture": "planner.trace.tracer",
+    "CaptureError": "planner.trace.tracer",
     "PlannerError": "cost_models.errors",
-    "ModelGraph": "planner.graph",
-    "BlockInfo": "planner.graph",
+    "ModelGraph": "planner.trace.graph",
+    "BlockInfo": "planner.trace.graph",
     "BudgetError": "planner.units",
     "parse_bytes": "planner.units",
     "format_bytes": "planner.units",

@@ -62,10 +62,10 @@ def inputs_digest(inputs: Any) -> str:
 
 
 def plan_digest(plan: Any) -> str:
-    """A `planner.plan_format.Plan`'s JSON digest, with its mesh and schemes to read."""
+    """A `planner.plans.format.Plan`'s JSON digest, with its mesh and schemes to read."""
     from collections import Counter
 
-    from planner.plan_json import format_json
+    from planner.plans.json_io import format_json
 
     schemes = Counter(a.scheme for a in plan.assignments if a.scheme != "follow")
     shown = ", ".join(f"{s} x{n}" for s, n in schemes.most_common(3)) or "no planned ops"

@@ -14,13 +14,13 @@ from cost_models.errors import PlannerError, PlannerWarning
 from cost_models.hardware import HardwareProfile, load_profile
 from cost_models.memory import BYTES_PER_PARAM, MemoryModelError
 from cost_models.mesh import Mesh, MeshError, candidate_meshes, check_world_size
-from planner.assemble import assemble_plan
-from planner.build import BuiltProblem, SchemeError, build_problem, expand_schemes
-from planner.graph import ModelGraph
-from planner.plan_format import Plan
-from planner.plan_meshes import MeshResult, plan_mesh, plan_meshes
-from planner.solve import Solution, SolverError
-from planner.capture import capture
+from planner.plans.assemble import assemble_plan
+from planner.plans.format import Plan
+from planner.plans.meshes import MeshResult, plan_mesh, plan_meshes
+from planner.search.build import BuiltProblem, SchemeError, build_problem, expand_schemes
+from planner.search.solve import Solution, SolverError
+from planner.trace.graph import ModelGraph
+from planner.trace.tracer import capture
 from planner.units import parse_bytes
 
 __all__ = ["plan", "InfeasibleError", "WorldSizeError", "resolve_world_size", "resolve_bytes_per_param",

@@ -5,7 +5,7 @@ Launched with `torchrun ... -m planner verify ...`, a failed run ends with torch
 traceback (a screen of text) below the one line the planner printed. This launcher runs the same
 torchrun (its own options, e.g. `--standalone --nproc-per-node 8`, come first), and when a rank fails it
 prints, as the last line, the failure every rank agreed on (`[planner] rank R: error: ...`, written by
-`planner.verify_guard.RankGuard` to the file named by $PLANNER_FAILURE_FILE), and exits with that rank's
+`planner.verify.guard.RankGuard` to the file named by $PLANNER_FAILURE_FILE), and exits with that rank's
 status (2 a user error, 1 anything else):
 
     python -m planner.launch --standalone --nproc-per-node 8 verify gpt2-small plan.json

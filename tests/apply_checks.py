@@ -18,12 +18,12 @@ import torch.nn as nn
 from cost_models.mesh import Mesh
 from layers3d.comm import CommCounter
 from layers3d.mesh import DeviceMesh
-from planner.apply import apply_plan
-from planner.measure import SavedActivationMeter
-from planner.plan_format import Plan
-from planner.state import gather_grads, gather_state_dict
-from planner.verify_predict import by_kind, predicted_collectives
-from planner.verify_report import rel_error
+from planner.apply.rewrite import apply_plan
+from planner.apply.state import gather_grads, gather_state_dict
+from planner.plans.format import Plan
+from planner.verify.measure import SavedActivationMeter
+from planner.verify.predict import by_kind, predicted_collectives
+from planner.verify.report import rel_error
 
 __all__ = ["dense_reference", "compare_with_dense", "device_mesh", "call", "loss_of", "LR", "EPS"]
 

@@ -19,11 +19,11 @@ from cost_models.mesh import Mesh
 from cost_models.strategies import mark_graph_hints
 from cost_models.strategy import Strategy
 from planner.api import plan
-from planner.assemble import assemble_plan
-from planner.build import build_problem
-from planner.graph import ModelGraph
-from planner.plan_format import Plan
-from planner.solve import Solution
+from planner.plans.assemble import assemble_plan
+from planner.plans.format import Plan
+from planner.search.build import build_problem
+from planner.search.solve import Solution
+from planner.trace.graph import ModelGraph
 
 __all__ = ["UNIFORM_SCHEMES", "uniform_plan", "mixed_plan", "mesh_for"]
 

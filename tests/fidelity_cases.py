@@ -19,14 +19,14 @@ from apply_plans import HARDWARE, UNIFORM_SCHEMES, mixed_plan, uniform_plan
 
 from cost_models.hardware import load_profile
 from layers3d.comm import CommCounter
-from planner.apply import apply_plan
-from planner.assemble import assemble_plan
-from planner.build import build_problem
-from planner.graph import ModelGraph
-from planner.measure import SavedActivationMeter
-from planner.measure_memory import step_peak_bytes
-from planner.plan_format import Plan
-from planner.solve import Solution
+from planner.apply.rewrite import apply_plan
+from planner.plans.assemble import assemble_plan
+from planner.plans.format import Plan
+from planner.search.build import build_problem
+from planner.search.solve import Solution
+from planner.trace.graph import ModelGraph
+from planner.verify.measure import SavedActivationMeter
+from planner.verify.measure_memory import step_peak_bytes
 
 __all__ = ["SCHEMES", "with_checkpoint", "make_plans", "measure_rank", "LR", "EPS"]
 
@@ -66,7 +66,7 @@ def make_plans(graph: ModelGraph, schemes: Sequence[str] = SCHEMES,
 
 def measure_rank(build: Build, p: Plan) -> dict[str, Any]:
     """On one rank: apply `p` to a fresh dense model, then measure one forward/backward (collective bytes,
-    saved activations) and the peak memory of a training step (planner.measure_memory)."""
+    saved activations) and the peak memory of a training step (planner.verify.measure_memory)."""
     dense, inputs = build()
     model = apply_plan(dense, p, mesh=device_mesh(p.mesh))
     del dense

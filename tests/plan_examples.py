@@ -1,4 +1,4 @@
-"""A small hand-made plan whose numbers obey the accounting contract of `planner.plan_format`.
+"""A small hand-made plan whose numbers obey the accounting contract of `planner.plans.format`.
 
 Two GPT-style MLP linears (768 -> 3072 -> 768, tokens 8 x 128) in 3D on a 2x2x2 mesh with a GELU between
 them, in block "h.0", which is checkpointed; an embedding outside the block; one redistribution. The
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
-from planner.plan_format import (
+from planner.plans.format import (
     Assignment,
     AssignmentCost,
     ModelInfo,

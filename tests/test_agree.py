@@ -29,7 +29,7 @@ def two_plans() -> dict[str, object]:
 
 
 def _apply_with_rank_3_different(rank: int, plans: dict[str, object]) -> str:
-    from planner.apply import apply_plan
+    from planner.apply.rewrite import apply_plan
 
     torch.manual_seed(0)
     model, _ = build_mlp()
@@ -108,8 +108,8 @@ def test_planner_verify_with_a_different_plan_on_rank_3_ends_on_every_rank(tmp_p
 
 
 def _calibrate_with_rank_3_different(rank: int, out: str) -> str:
-    from planner.calibrate import CalibrateConfig
-    from planner.calibrate_run import run
+    from planner.calibrate.command import CalibrateConfig
+    from planner.calibrate.run import run
 
     config = CalibrateConfig(min_bytes=4096, max_bytes=(32 if rank == 3 else 16) * 1024, reps=1, passes=1,
                              base="cpu-gloo", compute_seconds=0.05, timeout_s=60)

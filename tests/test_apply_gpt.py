@@ -15,7 +15,7 @@ from apply_plans import UNIFORM_SCHEMES, mixed_plan, uniform_plan
 from distributed import run_ranks
 
 from planner.models.gpt import build_gpt
-from planner.capture import capture
+from planner.trace.tracer import capture
 
 pytestmark = pytest.mark.distributed
 

@@ -22,7 +22,7 @@ from distributed import run_ranks
 
 from planner.api import plan
 from planner.models.hf_gpt2 import build_hf_gpt2
-from planner.capture import capture
+from planner.trace.tracer import capture
 
 pytestmark = pytest.mark.distributed
 

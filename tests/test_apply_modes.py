@@ -14,13 +14,13 @@ from apply_plans import mixed_plan, uniform_plan
 from distributed import run_ranks
 
 from layers3d.shard import local_block
-from planner.apply import PlanMismatchError, apply_plan
+from planner.apply.rewrite import PlanMismatchError, apply_plan
+from planner.apply.state import gather_grads, gather_state_dict
 from planner.models.gpt import build_gpt
 from planner.models.loading import get_example
-from planner.plan_format import Plan, PlanError
-from planner.state import gather_grads, gather_state_dict
-from planner.capture import capture
-from planner.verify_report import rel_error
+from planner.plans.format import Plan, PlanError
+from planner.trace.tracer import capture
+from planner.verify.report import rel_error
 
 pytestmark = pytest.mark.distributed
 

@@ -11,13 +11,13 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils.checkpoint as tuc
 
-from planner.apply_blocks import extract_blocks
-from planner.apply_graph import BLOCK_KEY
-from planner.apply_values import ApplyError, is_foldable, node_values
-from planner.measure import SavedActivationMeter, note_kept
+from planner.apply.blocks import extract_blocks
+from planner.apply.graph import BLOCK_KEY
+from planner.apply.values import ApplyError, is_foldable, node_values
 from planner.models.gpt import build_gpt
-from planner.capture import capture
-from planner.verify_report import ErrorRow, VerifyReport, format_report, rel_error
+from planner.trace.tracer import capture
+from planner.verify.measure import SavedActivationMeter, note_kept
+from planner.verify.report import ErrorRow, VerifyReport, format_report, rel_error
 
 
 # --- SavedActivationMeter ----------------------------------------------------------------------------

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-import planner.plan_format as plan_format
+import planner.plans.format as plan_format
 from cost_models.hardware import BUILTIN_PROFILES, ProfileError, load_profile
 from planner.api import InfeasibleError, WorldSizeError, plan
-from planner.cli import main
+from planner.cli.app import main
 from planner.models.mlp import build_mlp
-from planner.plan_check import check_layouts
-from planner.plan_format import Plan, PlanError
-from planner.solve import Solution
-from planner.capture import capture
+from planner.plans.check import check_layouts
+from planner.plans.format import Plan, PlanError
+from planner.search.solve import Solution
+from planner.trace.tracer import capture
 
 ROOT = str(Path(__file__).resolve().parents[1])
 MODELS = '''\
@@ -328,7 +328,7 @@ def test_a_time_limit_returns_the_best_plan_found_with_its_gap(models: Path, tmp
 
 def test_a_time_limit_with_no_plan_found_says_raise_the_limit(monkeypatch: pytest.MonkeyPatch,
                                                               capfd: pytest.CaptureFixture[str]) -> None:
-    import planner.plan_meshes as plan_meshes
+    import planner.plans.meshes as plan_meshes
 
     def stopped(problem: object, **options: object) -> Solution:  # what solve() returns when stopped empty
         return Solution(status="error", solver="highs",

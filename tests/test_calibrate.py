@@ -16,11 +16,11 @@ from cost_models.comm import collective_seconds
 from cost_models.hardware import ProfileError, load_profile
 from cost_models.mesh import Mesh, candidate_meshes
 from cost_models.strategy import Collective
-from planner.calibrate import CalibrateConfig, CalibrateError
-from planner.calibrate_fit import Sample, predict_seconds
-from planner.calibrate_measure import Series, axis_groups
-from planner.calibrate_run import Calibration, build_profile, fit_calibration
-from planner.cli import main as cli_main
+from planner.calibrate.command import CalibrateConfig, CalibrateError
+from planner.calibrate.fit import Sample, predict_seconds
+from planner.calibrate.measure import Series, axis_groups
+from planner.calibrate.run import Calibration, build_profile, fit_calibration
+from planner.cli.app import main as cli_main
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def test_bad_group_overrides_are_profile_errors(key: str, value: list, message: 
 
 # --- a real run on forked gloo ranks -----------------------------------------------------------------
 def _calibrate_rank(rank: int, out: str, samples: str) -> dict:
-    from planner.calibrate_run import run
+    from planner.calibrate.run import run
 
     config = CalibrateConfig(min_bytes=4096, max_bytes=2**20, growth=4, warmup=1, reps=2, passes=2,
                              time_budget_s=4.0, timeout_s=30.0, base="cpu-gloo", compute_seconds=0.05)
@@ -177,7 +177,7 @@ def test_real_calibration_on_four_gloo_ranks(tmp_path: Path) -> None:
 def _retry_rank(rank: int) -> list[tuple[str, int, int]]:
     import torch
 
-    from planner.calibrate_measure import time_series
+    from planner.calibrate.measure import time_series
 
     # Rank 1 alone finds the all-reduce fit poor (twice) and rank 0 alone the broadcast fit (always): every
     # rank must re-time exactly those, or the ranks would run different collectives and hang.
@@ -194,7 +194,7 @@ def _retry_rank(rank: int) -> list[tuple[str, int, int]]:
 
 @pytest.mark.distributed
 def test_series_with_a_poor_fit_on_any_rank_are_timed_again_on_every_rank() -> None:
-    from planner.calibrate_measure import MAX_RETRIES
+    from planner.calibrate.measure import MAX_RETRIES
     from tests.distributed import run_ranks
 
     results = run_ranks(_retry_rank, world_size=2, timeout_s=60)
@@ -205,8 +205,8 @@ def test_series_with_a_poor_fit_on_any_rank_are_timed_again_on_every_rank() -> N
 def _stalled_rank(rank: int, out: str) -> None:
     import time
 
-    import planner.calibrate_measure as measure
-    from planner.calibrate_run import run
+    import planner.calibrate.measure as measure
+    from planner.calibrate.run import run
 
     if rank == 3:  # this rank stops taking part as soon as the first collective is timed
         measure._collective = lambda *args, **kwargs: (lambda: time.sleep(60))  # type: ignore[assignment]
@@ -263,7 +263,7 @@ def test_module_runs_alone_as_one_rank(tmp_path: Path) -> None:
     # Without torchrun: one rank, no collective to time; compute and memory are still measured.
     out = tmp_path / "p.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
-    proc = subprocess.run([sys.executable, "-m", "planner.calibrate", "--out", str(out), "--base", "cpu-gloo",
+    proc = subprocess.run([sys.executable, "-m", "planner.calibrate.command", "--out", str(out), "--base", "cpu-gloo",
                            "--compute-seconds", "0.05"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from planner.calibrate_fit import Fit, FitError, Sample, fit_alpha_beta, format_fit_table, model_terms, predict_seconds
+from planner.calibrate.fit import Fit, FitError, Sample, fit_alpha_beta, format_fit_table, model_terms, predict_seconds
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 SIZES = [4096 * 4**i for i in range(9)]  # 4 KiB .. 256 MiB

@@ -13,10 +13,10 @@ from cost_models.hardware import HardwareProfile, load_profile
 from cost_models.mesh import Mesh
 from cost_models.strategies import op_cost
 from planner.api import plan
-from planner.graph import ModelGraph
 from planner.models.loading import get_example
-from planner.plan_format import Plan
-from planner.capture import capture
+from planner.plans.format import Plan
+from planner.trace.graph import ModelGraph
+from planner.trace.tracer import capture
 
 # Axis x crosses the two nodes (inter), axis y stays inside one (intra).
 MESH = Mesh((2, 2), ("x", "y"), ranks_per_node=2)

@@ -14,9 +14,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from planner.graph import GraphError, ModelGraph
 from planner.models import get_example
-from planner.capture import CaptureError, capture
+from planner.trace.graph import GraphError, ModelGraph
+from planner.trace.tracer import CaptureError, capture
 
 ROOT = str(__import__("pathlib").Path(__file__).resolve().parents[1])
 
@@ -149,7 +149,7 @@ def test_fingerprint_stable_and_shape_sensitive(tiny: tuple) -> None:
     assert capture(meta.model, meta.example_inputs).fingerprint == g.fingerprint
     other = get_example("gpt-tiny", device="meta", batch_size=4)
     assert capture(other.model, other.example_inputs).fingerprint != g.fingerprint
-    code = ("from planner.capture import capture; from planner.models import get_example; "
+    code = ("from planner.trace.tracer import capture; from planner.models import get_example; "
             "ex = get_example('gpt-tiny', device='meta'); print(capture(ex.model, ex.example_inputs).fingerprint)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == g.fingerprint

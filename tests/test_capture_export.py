@@ -8,7 +8,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from planner.models import get_example
-from planner.capture import CaptureError, capture
+from planner.trace.tracer import CaptureError, capture
 
 _HEAVY = ("linear", "embedding", "layer_norm", "matmul", "softmax", "dropout", "activation", "split",
           "cross_entropy")

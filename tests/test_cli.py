@@ -16,12 +16,12 @@ import pytest
 from plan_examples import make_plan
 from rich.console import Console
 
-from planner.build import SchemeError
-from planner.cli import main
-from planner.cli_frontier import Curve, budget_sweep, plot_frontier, trace_curve, write_csv
-from planner.cli_plan import infeasible_error
-from planner.plan_format import Plan
-from planner.report import Totals, check_totals, plan_totals, summary_table
+from planner.cli.app import main
+from planner.cli.frontier import Curve, budget_sweep, plot_frontier, trace_curve, write_csv
+from planner.cli.plan import infeasible_error
+from planner.cli.report import Totals, check_totals, plan_totals, summary_table
+from planner.plans.format import Plan
+from planner.search.build import SchemeError
 from planner.units import format_bytes, format_seconds
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -81,7 +81,7 @@ def test_megatron_1d_with_sequence_parallel(t):
 
 def _captured_block(dtype=torch.bfloat16):
     from planner.models.gpt import build_gpt
-    from planner.capture import capture
+    from planner.trace.tracer import capture
 
     model, example = build_gpt("gpt-tiny", device="meta", dropout=0.1, dtype=dtype, n_layer=1)
     graph = capture(model, example)

@@ -20,9 +20,9 @@ from plan_examples import make_plan
 import planner
 from cost_models.errors import PlannerError
 from cost_models.mesh import Mesh
-from planner.cli import EXIT_INTERNAL, main
-from planner.plan_format import Plan
-from planner.plan_meshes import MeshResult, WorkerTraceback, plan_meshes
+from planner.cli.app import EXIT_INTERNAL, main
+from planner.plans.format import Plan
+from planner.plans.meshes import MeshResult, WorkerTraceback, plan_meshes
 
 ROOT = str(Path(__file__).resolve().parents[1])
 PACKAGES = ("cost_models", "layers3d", "planner")
@@ -99,7 +99,8 @@ def test_an_exception_in_a_planning_worker_shows_where_it_was_raised() -> None:
 
 def test_capture_is_the_function_every_time_also_after_planning() -> None:
     """`planner.capture` was both the exported function and a submodule; after the submodule was imported
-    (planning imports it), `planner.capture` became the module. The capture stage is `planner.capture` now."""
+    (planning imports it), `planner.capture` became the module. The capture stage is the package `planner.trace`
+    now."""
     code = ("import planner\n"
             "from planner.models import get_example\n"
             "def check():\n"
@@ -111,7 +112,7 @@ def test_capture_is_the_function_every_time_also_after_planning() -> None:
             "check()\n"
             "ex = get_example('mlp')\n"
             "p = planner.plan(ex.model, '1GiB', world_size=2, example_inputs=ex.example_inputs, workers=1)\n"
-            "import planner.verify, planner.calibrate, planner.apply\n"
+            "import planner.verify.run, planner.calibrate.command, planner.apply.rewrite, planner.trace.tracer\n"
             "check()\n"
             "assert 'per_op=[' in repr(p.predicted) and 'OpPrediction' not in repr(p.predicted)\n"
             "print('ok')\n")

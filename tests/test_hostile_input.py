@@ -14,10 +14,10 @@ from plan_examples import make_plan
 
 from cost_models.hardware import ProfileError, load_profile
 from cost_models.mesh import MAX_WORLD_SIZE, MeshError, candidate_meshes, prime_factors
-from planner.apply import PlanMismatchError, check_inputs
-from planner.cli import main
+from planner.apply.rewrite import PlanMismatchError, check_inputs
+from planner.cli.app import main
 from planner.models import get_example
-from planner.plan_format import InputInfo
+from planner.plans.format import InputInfo
 
 MODELS = '''\
 import sys

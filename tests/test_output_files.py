@@ -14,9 +14,9 @@ from plan_examples import make_plan
 from cost_models.errors import PlannerError
 from cost_models.files import OutputFileError, write_atomic
 from cost_models.hardware import load_profile
-from planner.cli import main
-from planner.cli_frontier import Curve, plot_frontier, write_csv
-from planner.plan_format import Plan
+from planner.cli.app import main
+from planner.cli.frontier import Curve, plot_frontier, write_csv
+from planner.plans.format import Plan
 
 
 def _char_device(path: Path) -> Path:

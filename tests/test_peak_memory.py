@@ -18,9 +18,9 @@ from cost_models.layout import Layout
 from cost_models.memory import conversion_working_set
 from cost_models.mesh import Mesh
 from cost_models.redistribution import plan_redistribution
-from planner.measure_memory import PeakMemoryMeter, step_peak_bytes
 from planner.models.gpt import build_gpt
-from planner.capture import capture
+from planner.trace.tracer import capture
+from planner.verify.measure_memory import PeakMemoryMeter, step_peak_bytes
 
 TOL = 0.10
 SIZE = {"batch_size": 32, "seq_len": 64}  # activations ~8x the model states of a replicated rank

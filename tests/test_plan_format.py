@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from plan_examples import make_plan
 
-import planner.plan_format as plan_format
+import planner.plans.format as plan_format
 from cost_models.layout import Layout
-from planner.plan_format import SCHEMA_VERSION, Plan, PlanError
+from planner.plans.format import SCHEMA_VERSION, Plan, PlanError
 
 TOP_LEVEL_KEYS = {"schema_version", "model", "mesh", "budget_bytes", "hardware", "assignments", "redistributions",
                   "checkpoint", "predicted", "solver", "feasible", "world_size", "options"}

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from plan_examples import make_plan
 
-from planner.capture_common import TORCH_DTYPES
-from planner.plan_format import MAX_DIM_SIZE, MAX_DIMS, InputInfo, Plan, PlanError
+from planner.plans.format import MAX_DIM_SIZE, MAX_DIMS, InputInfo, Plan, PlanError
+from planner.trace.common import TORCH_DTYPES
 
 _common = {"deadline": None, "database": None, "suppress_health_check": [HealthCheck.too_slow]}
 DEFAULT = settings(max_examples=150, derandomize=True, **_common)

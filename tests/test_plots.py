@@ -1,4 +1,4 @@
-"""planner.plots and the frontier figure: every picture has labelled axes and a legend, and shows the plan's
+"""planner.cli.plots and the frontier figure: every picture has labelled axes and a legend, and shows the plan's
 own numbers (one cell per mapped op, hatched exactly where the block is checkpointed; bars that add up to
 the predicted peak)."""
 
@@ -10,10 +10,10 @@ from plan_examples import make_plan
 
 from cost_models.mesh import Mesh
 from planner.api import InfeasibleError, plan
-from planner.cli_frontier import Curve, frontier_figure
+from planner.cli.frontier import Curve, frontier_figure
+from planner.cli.plots import byte_unit, memory_figure, scheme_cells, scheme_map_figure
 from planner.models import get_example
-from planner.plan_format import Plan
-from planner.plots import byte_unit, memory_figure, scheme_cells, scheme_map_figure
+from planner.plans.format import Plan
 
 FLAT = [Mesh((8,))]  # 1d on the flat mesh plans gpt-tiny in well under a second
 

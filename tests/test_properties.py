@@ -33,11 +33,11 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from planner.api import InfeasibleError, plan
-from planner.graph import ModelGraph
 from planner.models.gpt import build_gpt
 from planner.models.mlp import build_mlp
-from planner.plan_format import Plan
-from planner.capture import capture
+from planner.plans.format import Plan
+from planner.trace.graph import ModelGraph
+from planner.trace.tracer import capture
 
 PROFILE = os.environ.get("PLANNER_HYPOTHESIS", "default")
 if PROFILE not in ("default", "extended"):

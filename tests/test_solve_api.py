@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-import planner.solve as solve_pkg
-from planner.solve import SolverError, brute_force, evaluate, solve
-from planner.solve.milp import Progress
-from planner.solve.synthetic import random_problem, repeated_blocks
+import planner.search.solve as solve_pkg
+from planner.search.solve import SolverError, brute_force, evaluate, solve
+from planner.search.solve.milp import Progress
+from planner.search.solve.synthetic import random_problem, repeated_blocks
 
 
 def _small(seed: int, fraction: float = 0.6):
@@ -45,7 +45,7 @@ def test_cbc_finds_the_same_optimum(seed: int, fraction: float) -> None:
 def test_missing_highspy_falls_back_to_cbc(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     problem = _small(1)
     monkeypatch.setitem(sys.modules, "highspy", None)  # `import highspy` now raises ImportError
-    with caplog.at_level(logging.WARNING, logger="planner.solve.milp"):
+    with caplog.at_level(logging.WARNING, logger="planner.search.solve.milp"):
         sol = solve(problem, solver="highs")
     assert "falling back to CBC" in caplog.text
     assert sol.solver == "cbc"
@@ -89,7 +89,7 @@ def test_fit_tightens_by_what_the_plan_counts_beyond_the_solver() -> None:
     below the budget (tightening by the excess over the budget alone returned the same answer each round)."""
     from types import SimpleNamespace
 
-    from planner.plan_meshes import _fit
+    from planner.plans.meshes import _fit
 
     problem = repeated_blocks(np.random.default_rng(3), n_blocks=4, block_nodes=4, choices=3, budget_fraction=0.7)
     budget = problem.budget_bytes
@@ -114,7 +114,7 @@ def test_a_plan_that_counts_less_than_the_solver_gets_the_room_back() -> None:
     loosened by the difference, for a faster plan that still fits the plan's accounting."""
     from types import SimpleNamespace
 
-    from planner.plan_meshes import plan_mesh
+    from planner.plans.meshes import plan_mesh
 
     problem = repeated_blocks(np.random.default_rng(3), n_blocks=4, block_nodes=4, choices=3, budget_fraction=0.7)
     problem.budget_bytes = 0

@@ -1,9 +1,19 @@
-"""evaluate(): the formulas of planner.solve.problem on a hand-computed example, and its input checks."""
+"""evaluate(): the formulas of planner.search.solve.problem on a hand-computed example, and its input checks."""
 
 import numpy as np
 import pytest
 
-from planner.solve import Block, Choice, Problem, ProblemEdge, ProblemError, ProblemNode, brute_force, evaluate, solve
+from planner.search.solve import (
+    Block,
+    Choice,
+    Problem,
+    ProblemEdge,
+    ProblemError,
+    ProblemNode,
+    brute_force,
+    evaluate,
+    solve,
+)
 
 
 def _example(budget: int = 2100) -> Problem:

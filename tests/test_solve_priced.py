@@ -6,12 +6,12 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.solve import brute_force, solve
-from planner.solve.block_dp import BlockDP, Price
-from planner.solve.decompose import decompose
-from planner.solve.eliminate import eliminate
-from planner.solve.indexed import IndexedProblem
-from planner.solve.synthetic import repeated_blocks
+from planner.search.solve import brute_force, solve
+from planner.search.solve.block_dp import BlockDP, Price
+from planner.search.solve.decompose import decompose
+from planner.search.solve.eliminate import eliminate
+from planner.search.solve.indexed import IndexedProblem
+from planner.search.solve.synthetic import repeated_blocks
 
 
 def _random_dag(rng: np.random.Generator, n: int) -> tuple[dict, dict, dict]:
@@ -128,7 +128,7 @@ def test_conversion_working_sets_count_in_every_solver(seed: int) -> None:
 
 
 def test_dropping_unusable_columns_keeps_the_column_ilp_optimum() -> None:
-    from planner.solve.columns import PricedSolve
+    from planner.search.solve.columns import PricedSolve
 
     dropped = 0
     for seed in (2, 3, 4):  # two budgets that fit and one that does not

@@ -6,12 +6,12 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.solve import Block, Choice, NotDecomposable, Problem, ProblemEdge, ProblemNode, brute_force, solve
-from planner.solve.decompose import decompose
-from planner.solve.frontier import block_frontier, pareto_mask
-from planner.solve.indexed import IndexedProblem
-from planner.solve.synthetic import repeated_blocks
-from planner.solve.two_level import _trail
+from planner.search.solve import Block, Choice, NotDecomposable, Problem, ProblemEdge, ProblemNode, brute_force, solve
+from planner.search.solve.decompose import decompose
+from planner.search.solve.frontier import block_frontier, pareto_mask
+from planner.search.solve.indexed import IndexedProblem
+from planner.search.solve.synthetic import repeated_blocks
+from planner.search.solve.two_level import _trail
 
 # (blocks, nodes per block, choices per node): 2-6 identical blocks of 3-6 nodes with 2-4 choices
 SHAPES = [(2, 6, 4), (6, 3, 2), (3, 4, 3), (4, 3, 3), (2, 5, 3), (5, 3, 2), (3, 3, 4), (2, 4, 4), (4, 4, 2), (3, 6, 2),

@@ -3,7 +3,7 @@
 `cost_models.memory.step_peak` walks the backward op by op (gradients appear, saved activations are
 freed); the captured HF GPT-2 tiny graph (tied wte/lm_head, an attention mask built from arange/cumsum,
 checkpointed blocks that read both the hidden state and the mask) pins what the plan's accounting counts:
-each number below was measured on 8 gloo ranks (planner.measure, planner.measure_memory; bench/fidelity.py).
+each number below was measured on 8 gloo ranks (planner.verify.measure, planner.verify.measure_memory; bench/fidelity.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from cost_models.hardware import load_profile
 from cost_models.memory import grad_bytes_per_param, step_peak
 from cost_models.mesh import Mesh
 from cost_models.strategies import enumerate_strategies, mark_graph_hints, op_cost
-from planner.graph import ModelGraph
 from planner.models.loading import get_example
-from planner.capture import capture
+from planner.trace.graph import ModelGraph
+from planner.trace.tracer import capture
 
 
 def test_step_peak_walks_the_backward() -> None:

@@ -20,7 +20,7 @@ import pytest
 from apply_plans import mixed_plan, uniform_plan
 
 from planner.models.gpt import build_gpt
-from planner.capture import capture
+from planner.trace.tracer import capture
 
 pytestmark = pytest.mark.distributed
 

@@ -3,7 +3,7 @@
 The ranks are N plain `python -m planner verify ...` processes with torchrun's variables set by hand
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; rank 0 hosts the store). torchrun's agent would
 SIGTERM the survivors as soon as one rank fails, which hides whether the project's own mechanism
-(`planner.verify_guard.RankGuard`) works; here nothing else stops them, so every rank must exit non-zero
+(`planner.verify.guard.RankGuard`) works; here nothing else stops them, so every rank must exit non-zero
 by itself, within the bound, naming the failing rank.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from apply_plans import uniform_plan
 
 from planner.models.gpt import build_gpt
-from planner.capture import capture
+from planner.trace.tracer import capture
 
 pytestmark = pytest.mark.distributed
 

@@ -21,7 +21,7 @@ WORKER = textwrap.dedent("""
     import os, sys, time
     import torch, torch.distributed as dist
     from layers3d.inflight import tracked
-    from planner.verify_guard import RankGuard, init_distributed
+    from planner.verify.guard import RankGuard, init_distributed
 
     ctx = init_distributed(timeout_s=120)
     mode = sys.argv[1]

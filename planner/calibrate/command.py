@@ -1,0 +1,206 @@
+"""`planner calibrate`: measure the cluster and write the hardware profile the planner prices plans with.
+
+    torchrun --standalone --nproc-per-node 8 -m planner calibrate --out profile.json
+    planner plan MODEL --budget 16GiB --world-size 8 --hardware profile.json
+
+The ranks are laid out as the meshes the planner tries for this world size (`candidate_meshes`); on
+communicator groups over their mesh axes (one per link and group size, or every one with --every-group),
+all-gather, reduce-scatter, all-reduce, all-to-all and broadcast are timed over geometric message sizes
+from --min-bytes to --max-bytes within --time-budget seconds, and those whose fit is poor (R^2 < 0.9) are
+timed again within --retry-budget seconds; alpha and beta are fitted per (link, collective, group size)
+on exactly the cost model's formulas; matmul FLOP/s
+(fp32, bf16) and copy bandwidth are measured on every rank at once. Rank 0 writes a hardware profile
+(atomically): the --base profile with the measured numbers and the alpha/beta overrides, and prints the
+fit quality (R^2, worst relative residual).
+The process group comes from torchrun's environment (NCCL with CUDA, else gloo); without torchrun it runs
+as one rank and measures compute and memory only. Also runnable as `python -m planner.calibrate.command`.
+
+This module is light (no torch import) so that `planner --help` stays fast; the work is in
+`planner.calibrate.run` (orchestration and profile), `planner.calibrate.measure` (timing) and
+`planner.calibrate.fit` (least squares).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models.errors import PlannerError
+from cost_models.mesh import Mesh
+from cost_models.redistribution import COLLECTIVE_KINDS
+from planner.cli.registry import arg, command
+from planner.units import BudgetError, parse_bytes
+
+__all__ = ["CalibrateError", "CalibrateConfig", "CALIBRATE_ARGS", "config_from_args", "calibrate_command", "main"]
+
+
+class CalibrateError(PlannerError, ValueError):
+    """A calibration setting that cannot work (names the option and a value that would)."""
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    """What `planner calibrate` measures and how long it may take.
+
+    base: profile the result starts from (built-in name or JSON path); None picks by device (cpu-gloo on
+        CPU, h100-80gb on H100/H200, a100-80gb on other GPUs).
+    min_bytes, max_bytes: smallest and largest message (bytes convention of docs/ARCHITECTURE.md).
+    growth: factor between consecutive message sizes (an integer >= 2); 8 spends little on the latency-bound
+        small sizes (they all cost about the same) and reaches the bandwidth-bound ones within the budget.
+    time_budget_s: seconds for all collective timings together; a series stops growing when its next size
+        would not fit its share (each series still gets 3 sizes, so a tiny budget can be exceeded).
+    retry_budget_s: further seconds for re-timing the series whose fit has R^2 below 0.9 (a burst of
+        background load spoiled some of its sizes); 0 turns retries off.
+    warmup: untimed calls before each point's batches (per pass).
+    reps: timed batches per message size over all passes (the slowest rank's median is kept).
+    passes: times each point is revisited at a different moment of the run (robust to bursts of load).
+    timeout_s: limit of every collective, so a dead rank fails the run instead of hanging it.
+    every_group: time every distinct group over mesh axes, not one per (link, group size) (the profile
+        pools groups of the same link and size, so this only adds samples).
+    compute_seconds: at least this long per matmul dtype and for the copy (every rank at once).
+    kinds: collectives to time. meshes: meshes whose axes are timed (default: candidate_meshes).
+    """
+
+    base: str | None = None
+    min_bytes: int = 4 * 2**10
+    max_bytes: int = 256 * 2**20
+    growth: int = 8
+    time_budget_s: float = 50.0
+    retry_budget_s: float = 25.0
+    warmup: int = 2
+    reps: int = 9
+    passes: int = 3
+    every_group: bool = False
+    compute_seconds: float = 0.5
+    timeout_s: float = 120.0
+    kinds: tuple[str, ...] = COLLECTIVE_KINDS
+    meshes: tuple[Mesh, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("min_bytes", "max_bytes", "growth", "warmup", "reps", "passes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise CalibrateError(f"{name} must be an integer, got {value!r}")
+        if self.min_bytes < 4:
+            raise CalibrateError(f"--min-bytes must be at least 4 bytes (one float32), got {self.min_bytes}")
+        if self.max_bytes < self.min_bytes:
+            raise CalibrateError(f"--max-bytes ({self.max_bytes} bytes) is smaller than --min-bytes "
+                                 f"({self.min_bytes} bytes); pass e.g. --max-bytes 256MiB")
+        if self.growth < 2:
+            raise CalibrateError(f"--growth must be an integer >= 2 (the factor between message sizes), "
+                                 f"got {self.growth}")
+        if not self.time_budget_s > 0:
+            raise CalibrateError(f"--time-budget must be a positive number of seconds, got {self.time_budget_s}")
+        if not self.retry_budget_s >= 0:
+            raise CalibrateError(f"--retry-budget must be a number of seconds >= 0 (0: no retries), "
+                                 f"got {self.retry_budget_s}")
+        if self.warmup < 0 or self.reps < 1 or not 1 <= self.passes <= self.reps:
+            raise CalibrateError(f"need --warmup >= 0, --reps >= 1 and 1 <= --passes <= --reps, got "
+                                 f"{self.warmup}, {self.reps} and {self.passes}")
+        if not self.compute_seconds > 0:
+            raise CalibrateError(f"--compute-seconds must be positive, got {self.compute_seconds}")
+        if not self.timeout_s > 0:
+            raise CalibrateError(f"--timeout must be a positive number of seconds, got {self.timeout_s}")
+        unknown = [k for k in self.kinds if k not in COLLECTIVE_KINDS]
+        if unknown or not self.kinds:
+            raise CalibrateError(f"--kinds: unknown or no collectives {unknown}; choose from "
+                                 f"{', '.join(COLLECTIVE_KINDS)}")
+        if self.meshes is not None and not self.meshes:
+            raise CalibrateError("meshes is empty; pass None to time the meshes the planner tries")
+
+
+CALIBRATE_ARGS = (
+    arg("--out", required=True, metavar="FILE", help="profile JSON to write (atomically, by rank 0)"),
+    arg("--base", metavar="NAME|FILE", help="profile to start from: a built-in name (a100-80gb, h100-80gb, "
+        "cpu-gloo) or a profile JSON; default: cpu-gloo on CPU, h100-80gb on H100/H200, else a100-80gb"),
+    arg("--min-bytes", default="4KiB", metavar="SIZE", help="smallest message (default 4KiB)"),
+    arg("--max-bytes", default="256MiB", metavar="SIZE", help="largest message (default 256MiB)"),
+    arg("--growth", type=int, default=8, metavar="K", help="factor between message sizes (default 8)"),
+    arg("--time-budget", type=float, default=50.0, metavar="SECONDS",
+        help="seconds for all collective timings together; sizes stop growing when it runs out (default 50)"),
+    arg("--retry-budget", type=float, default=25.0, metavar="SECONDS",
+        help="further seconds to re-time collectives whose fit has R^2 < 0.9, e.g. after a burst of "
+        "background load (default 25; 0: no retries)"),
+    arg("--warmup", type=int, default=2, metavar="N", help="untimed calls per size (default 2)"),
+    arg("--reps", type=int, default=9, metavar="N",
+        help="timed batches per size over all passes; the median is kept (default 9)"),
+    arg("--passes", type=int, default=3, metavar="N",
+        help="sweeps over all sizes, each with reps/passes batches, so bursts of load average out (default 3)"),
+    arg("--timeout", type=float, default=120.0, metavar="SECONDS",
+        help="seconds before a collective waiting on a dead rank fails (default 120)"),
+    arg("--kinds", default=",".join(COLLECTIVE_KINDS), metavar="LIST",
+        help="comma-separated collectives to time (default: all five)"),
+    arg("--every-group", action="store_true",
+        help="time every distinct group over mesh axes, not one per (link, group size)"),
+    arg("--compute-seconds", type=float, default=0.5, metavar="SECONDS",
+        help="time per matmul dtype and for the copy bandwidth (default 0.5)"),
+    arg("--samples", metavar="FILE", help="also write every measured point as CSV"),
+)
+
+
+def config_from_args(args: argparse.Namespace) -> CalibrateConfig:
+    """The config from parsed CALIBRATE_ARGS; raises CalibrateError (a ValueError) for bad values."""
+    try:
+        min_bytes, max_bytes = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    except BudgetError as e:
+        raise CalibrateError(f"--min-bytes/--max-bytes: {e}") from None
+    for option, path in (("--out", args.out), ("--samples", getattr(args, "samples", None))):
+        if path is None:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise CalibrateError(f"{option} {path}: directory {folder} does not exist; create it first")
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    return CalibrateConfig(base=args.base, min_bytes=min_bytes, max_bytes=max_bytes, growth=args.growth,
+                           time_budget_s=args.time_budget, retry_budget_s=args.retry_budget, warmup=args.warmup,
+                           reps=args.reps, passes=args.passes,
+                           timeout_s=args.timeout, kinds=kinds, every_group=args.every_group,
+                           compute_seconds=args.compute_seconds)
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    """`planner calibrate`: validate everything before any communication, then measure on every rank.
+
+    A bad argument fails on every rank before the process group exists; under torchrun only rank 0 reports
+    it (the others exit with the same status silently), so the message is printed once.
+    """
+    from cost_models.files import check_output_path
+    from cost_models.hardware import load_profile
+
+    try:
+        config = config_from_args(args)
+        if config.base is not None:
+            load_profile(config.base)
+        check_output_path(args.out, "the hardware profile")  # before a minute of measuring, not after
+        if args.samples:
+            check_output_path(args.samples, "the calibration samples")
+    except PlannerError:
+        if os.environ.get("RANK", "0") != "0":
+            return 2
+        raise
+    from planner.calibrate.run import run
+
+    run(config, args.out, samples_out=args.samples)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m planner.calibrate.command ...`: the `planner calibrate` subcommand on its own."""
+    from planner.cli.app import main as cli_main
+
+    return cli_main(["calibrate", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    # Run the importable copy of this module: registering this __main__ copy as well would give the
+    # command line two different functions named "calibrate".
+    from planner.calibrate.command import main as _main
+
+    sys.exit(_main())
+else:
+    command("calibrate", "measure collectives, matmul FLOP/s and memory bandwidth; write a hardware profile "
+            "(run under torchrun)", args=CALIBRATE_ARGS,
+            description=(__doc__ or "").split("\n\nThis module is light")[0])(calibrate_command)

@@ -1,0 +1,1 @@
+"""Stage 3, the plan: a solved problem becomes a Plan (assemble), for every candidate mesh shape (meshes); the Plan dataclasses and their versioned JSON (format, json_io) and the checks of a plan against a model (check)."""

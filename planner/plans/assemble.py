@@ -1,0 +1,245 @@
+"""From a solved problem back to a `Plan`: per-op assignments, redistributions and the prediction.
+
+The numbers follow the accounting contract in `planner.plans.format` (what `planner explain` adds up), and
+are recomputed here op by op from the cost model rather than read from the solver, so a plan's
+prediction is exact for its own assignment (saved tensors shared by several ops count once).
+"""
+
+from __future__ import annotations
+
+from cost_models.edges import edge_cost, grad_flow
+from cost_models.hardware import HardwareProfile
+from cost_models.memory import conversion_pair_working_set, step_peak
+from cost_models.ops import DTYPE_BYTES
+from cost_models.strategies.base import param_key
+from planner.plans.format import (
+    Assignment,
+    AssignmentCost,
+    InputInfo,
+    ModelInfo,
+    OpPrediction,
+    Plan,
+    PlanOptions,
+    Predicted,
+    Redistribution,
+    SolverInfo,
+)
+from planner.search.build import BuiltProblem, _out_layout
+from planner.search.solve import Solution
+from planner.trace.graph import ModelGraph
+
+__all__ = ["assemble_plan"]
+
+
+def _forward_bytes(cost) -> int:
+    """Bytes of an op's forward collectives: they run again when its block is checkpointed."""
+    return sum(c.bytes for c in cost.collectives if c.phase == "forward")
+
+
+def _json_value(v):
+    return [_json_value(x) for x in v] if isinstance(v, tuple | list) else v
+
+
+def _identity_aliases(graph: ModelGraph) -> dict[str, str]:
+    """Ops whose output is their input tensor itself (dropout with p = 0 or not training returns its
+    input): op name -> the op that produced that tensor, so that saved-tensor keys naming either count once
+    (the softmax output saved by softmax and by the attention matmul behind a p = 0 dropout)."""
+    alias: dict[str, str] = {}
+    for op in graph.nodes:
+        if op.kind == "dropout" and op.inputs and (float(op.attrs.get("p", 0.5)) == 0.0
+                                                   or not op.attrs.get("training", True)):
+            alias[op.name] = alias.get(op.inputs[0], op.inputs[0])
+    return alias
+
+
+def _canonical_key(key: str, alias: dict[str, str]) -> str:
+    head, sep, rest = key.partition(":")
+    return alias.get(head, head) + sep + rest
+
+
+def _tied_copies(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -> dict[str, int]:
+    """Bytes a linear whose weight an earlier op also uses (a tied head) saves beyond what its rule prices:
+    when its weight layout differs from that op's (the parameter's home), `planner.apply.layers.TiedLayer` converts the owner's parameter into
+    a copy, which the linear saves for its input gradient (it is no parameter), unless the linear gathers
+    the weight in forward (then it saves the gathered weight, which its rule prices). Measured: 16,384 B
+    on a 1d HF GPT-2 tiny rank (the head's vocab-split (32, 128) copy of the hidden-split embedding)."""
+    out: dict[str, int] = {}
+    owner_of: dict[str, str] = {}
+    for op in graph.nodes:
+        for p in op.params:
+            owner_of.setdefault(p.name, op.name)
+    for op in graph.nodes:
+        w = next((p for p in op.params if p.role == "weight"), None)
+        if op.kind != "linear" or w is None or owner_of[w.name] == op.name:
+            continue
+        cost = built.costs[op.name][pick[op.name]]
+        if any(c.phase == "forward" and c.tag == "weight" for c in cost.collectives):
+            continue
+        home = owner_of[w.name]
+        hnode = graph.node(home)
+        index = next(i for i, p in enumerate(hnode.params) if p.name == w.name)
+        home_lay = dict(built.strategies[home][pick[home]].params).get(param_key(hnode, index))
+        lay = dict(built.strategies[op.name][pick[op.name]].params).get("weight")
+        if lay is not None and home_lay is not None and lay != home_lay:
+            out[op.name] = lay.local_numel(w.shape, built.mesh) * DTYPE_BYTES[w.dtype]
+    return out
+
+
+def _state_moves(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -> dict[str, int]:
+    """Parameter elements to move, in the plan's accounting, from the op that stores a tied parameter (its
+    first user) to its last user: the backward reaches the last user first, and the gradient exists from
+    then on (autograd holds the head's contribution until the embedding's is added), so that is where
+    `step_peak` must see it appear. Op name -> elements (negative at the home); the total is unchanged."""
+    moves: dict[str, int] = {}
+    for name, users in graph.shared_params().items():
+        home, last = users[0], users[-1]
+        node = graph.node(home)
+        index = next(i for i, p in enumerate(node.params) if p.name == name)
+        info = node.params[index]
+        lay = dict(built.strategies[home][pick[home]].params).get(param_key(node, index))
+        if lay is None or home == last:
+            continue
+        n = lay.local_numel(info.shape, built.mesh)
+        moves[home] = moves.get(home, 0) - n
+        moves[last] = moves.get(last, 0) + n
+    return moves
+
+
+def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: HardwareProfile, *, budget_bytes: int,
+                  device: str, bytes_per_param: int, checkpointing: bool, schemes: list[str] | None,
+                  seconds: dict[str, float] | None = None) -> Plan:
+    mesh = built.mesh
+    nodes = {n.name: n for n in graph.nodes}
+    pick = built.strategy_of(sol.choice)
+    ckpt = set(sol.checkpointed)
+    in_ckpt = {n.name: (n.block in ckpt) for n in graph.nodes}
+
+    # Redistributions on every edge whose layouts differ.
+    redists: list[Redistribution] = []
+    into: dict[str, tuple[float, float, int, int]] = {}  # node -> (seconds, forward seconds, bytes, forward bytes)
+    # node -> the largest working set of a conversion into it (forward or backward): a transient the
+    # solver's per-op choices do not see (it depends on the producer's choice too), priced here.
+    edge_ws: dict[str, int] = {}
+    flows = grad_flow(graph.nodes)
+    for op in graph.nodes:
+        strat = built.strategies[op.name][pick[op.name]]
+        for arg, src in enumerate(op.inputs):
+            lu = _out_layout(built.strategies[src][pick[src]], nodes[src], op)
+            lv = strat.inputs[arg]
+            if lv is None or lu == lv:
+                continue
+            meta = op.input_meta[arg]
+            ec = edge_cost(meta, lu, lv, mesh, hw, grad=flows[src])
+            labels = [f"fwd {st}" for st in ec.forward if st.is_collective] + \
+                [f"bwd {st}" for st in ec.backward if st.is_collective]
+            nbytes = ec.bytes
+            secs = ec.seconds
+            redists.append(Redistribution(src, op.name, list(meta.shape), lu, lv, labels, nbytes, secs))
+            s0, f0, b0, fb0 = into.get(op.name, (0.0, 0.0, 0, 0))
+            fwd_bytes = sum(c.bytes for c in ec.collectives if c.phase == "forward")
+            into[op.name] = (s0 + secs, f0 + ec.fwd_seconds, b0 + nbytes, fb0 + fwd_bytes)
+            edge_ws[op.name] = max(edge_ws.get(op.name, 0), conversion_pair_working_set(
+                ec.forward, ec.backward, meta.shape, meta.itemsize, mesh))
+
+    tied_copy = _tied_copies(graph, built, pick)
+    # Recomputed activations of a checkpointed block alive while one of its ops is differentiated: those
+    # of the ops up to and including it (in forward order; the later ones are freed by then).
+    block_saved: dict[str, int] = {}
+    recomputed_upto: dict[str, int] = {}
+    seen_keys: set[str] = set()
+    op_saved: dict[str, int] = {}
+    alias = _identity_aliases(graph)
+    for op in graph.nodes:
+        cost = built.costs[op.name][pick[op.name]]
+        fresh = 0
+        for t in cost.saved:
+            key = _canonical_key(t.key, alias)
+            if key not in seen_keys:
+                seen_keys.add(key)
+                fresh += t.bytes
+        op_saved[op.name] = fresh + tied_copy.get(op.name, 0)
+        if in_ckpt[op.name]:
+            block_saved[op.block] = block_saved.get(op.block, 0) + fresh
+            recomputed_upto[op.name] = block_saved[op.block]
+
+    # A checkpointed block keeps its inputs (every tensor from outside it that its ops read, e.g. the hidden
+    # state and the attention mask): each charged to the first op in the block that reads it, a tensor kept
+    # by several blocks (the mask) once.
+    kept: dict[str, int] = {}
+    kept_keys: set[tuple[str, object]] = set()
+    for b in graph.blocks:
+        if b.name not in ckpt:
+            continue
+        inside = set(b.nodes)
+        for n in b.nodes:
+            for src in dict.fromkeys(s for s in nodes[n].inputs if s not in inside):
+                lay = _out_layout(built.strategies[src][pick[src]], nodes[src], nodes[n])
+                if (src, lay) in kept_keys:
+                    continue
+                kept_keys.add((src, lay))
+                meta = nodes[src].out
+                kept[n] = kept.get(n, 0) + lay.local_numel(meta.shape, mesh) * meta.itemsize
+
+    # A checkpointed block's gradient waiting through its recomputation: that of the output of the last op
+    # in the block that saves anything (the first the backward reaches that unpacks a saved tensor), in the
+    # layout that op produces it. Measured: 524,288 B on a 1d gpt-tiny rank (the replicated (32, 64, 64)
+    # gradient of the MLP projection's output, gathered back from the sequence split).
+    waiting: dict[str, int] = {}
+    for op in graph.nodes:
+        if in_ckpt[op.name] and op_saved[op.name]:
+            lay = built.strategies[op.name][pick[op.name]].outputs[0]
+            waiting[op.block] = lay.local_numel(op.out.shape, mesh) * op.out.itemsize
+    moved = _state_moves(graph, built, pick)
+    assignments: list[Assignment] = []
+    per_op: list[OpPrediction] = []
+    for op in graph.nodes:
+        strat = built.strategies[op.name][pick[op.name]]
+        cost = built.costs[op.name][pick[op.name]]
+        r_secs, r_fwd, r_bytes, r_fwd_bytes = into.get(op.name, (0.0, 0.0, 0, 0))
+        ck = in_ckpt[op.name]
+        saved = kept.get(op.name, 0) if ck else op_saved[op.name]
+        # In a checkpointed block's backward, recomputed activations are alive together with the working
+        # set of the op (or the conversion into it) being differentiated.
+        # The recomputation runs when the backward first needs one of the block's saved tensors, so the
+        # gradient that arrived there waits through it (waiting[block]).
+        transient = max(cost.transient_bytes, edge_ws.get(op.name, 0)) + \
+            (recomputed_upto.get(op.name, 0) + waiting.get(op.block, 0) if ck else 0)
+        recompute = (cost.recompute_s + r_fwd) if ck else 0.0
+        ac = AssignmentCost(state_bytes=(cost.param_elems + moved.get(op.name, 0)) * bytes_per_param, saved_bytes=saved,
+                            transient_bytes=transient, compute_s=cost.compute_s, comm_s=cost.comm_s,
+                            # A checkpointed op re-runs its forward collectives and those of the conversions into
+                            # it (as recompute_s counts their seconds).
+                            comm_bytes=cost.comm_bytes + (_forward_bytes(cost) + r_fwd_bytes if ck else 0),
+                            recompute_s=recompute)
+        assignments.append(Assignment(
+            node=op.name, target=op.target, kind=op.kind, scheme=strat.scheme, strategy=strat.label(),
+            inputs=list(strat.inputs), outputs=list(strat.outputs), params=dict(strat.params),
+            options={k: _json_value(v) for k, v in strat.options}, block=op.block, module_path=op.module_path,
+            cost=ac, not_offered=list(built.not_offered.get(op.name, [])),
+        ))
+        per_op.append(OpPrediction(op.name, strat.scheme, ac.compute_s + ac.comm_s + ac.recompute_s + r_secs,
+                                   ac.comm_bytes + r_bytes, ac.state_bytes, ac.saved_bytes))
+
+    states = sum(a.cost.state_bytes for a in assignments)
+    acts = sum(a.cost.saved_bytes for a in assignments)
+    trans = max((a.cost.transient_bytes for a in assignments), default=0)
+    compute = sum(a.cost.compute_s for a in assignments)
+    comm = sum(a.cost.comm_s for a in assignments) + sum(r.seconds for r in redists)
+    recompute = sum(a.cost.recompute_s for a in assignments)
+    # The step's peak: the backward op (or the optimizer step) where the most is alive together.
+    sp = step_peak([(a.cost.state_bytes, a.cost.saved_bytes, a.cost.transient_bytes) for a in assignments],
+                   bytes_per_param)
+    predicted = Predicted(
+        peak_memory_bytes=sp.peak, model_state_bytes=states, activation_bytes=acts,
+        transient_bytes=trans, released_bytes=sp.released, step_time_s=compute + comm + recompute,
+        compute_s=compute, comm_s=comm,
+        comm_bytes=sum(a.cost.comm_bytes for a in assignments) + sum(r.comm_bytes for r in redists),
+        recompute_s=recompute, per_op=per_op,
+    )
+    solver = SolverInfo(sol.solver, sol.status, sol.objective, sol.gap, sol.seconds, getattr(sol, "method", ""))
+    inputs = [InputInfo(n.name, list(n.out.shape), n.out.dtype) for n in graph.nodes if n.kind == "input"]
+    return Plan(model=ModelInfo(graph.name, graph.fingerprint, inputs), mesh=mesh, budget_bytes=budget_bytes,
+                hardware=hw.to_json(), assignments=assignments, redistributions=redists,
+                checkpoint=sorted(ckpt, key=lambda b: [x.name for x in graph.blocks].index(b)),
+                predicted=predicted, solver=solver, feasible=predicted.bound_bytes <= budget_bytes,
+                options=PlanOptions(bytes_per_param, device, checkpointing, schemes))

@@ -1,0 +1,215 @@
+"""Plan every candidate mesh shape: build, solve and assemble each one, in parallel processes.
+
+Each mesh shape is an independent problem (its own strategies, costs and solve), so `plan()` runs them in
+forked worker processes, as many at a time as there are CPUs, biggest first, and picks the best plan in
+mesh order (the result does not depend on which worker finishes first). A worker that runs past its hard
+deadline is stopped and its mesh skipped. With one CPU or one mesh it all runs in this process.
+
+Per mesh (`plan_mesh`), the assembled plan's accounting decides whether the answer fits: it adds working
+sets the per-choice problem cannot see (a layout conversion's staging buffers, which depend on both
+ends' choices, and the recomputed activations alive beside an op in a checkpointed block's backward).
+When it exceeds the budget, the solver's budget is tightened by what the plan counts beyond the solver's
+model (at least the excess) and the problem solved again.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cost_models.mesh import Mesh
+from planner.plans.format import Plan
+from planner.search.build import BuiltProblem, SchemeUnavailable
+from planner.search.solve import Progress, Solution, solve
+
+__all__ = ["MeshResult", "WorkerTraceback", "plan_mesh", "plan_meshes"]
+
+_FIT_ROUNDS = 4  # solves per mesh at most: the budget, then tightened by the plan's excess
+_LEAST_ROUNDS = 2  # fits just below the least-memory plan's peak, looking for a smaller budget that fits
+_GRACE_S = 5.0  # past time_limit per solve, before a worker is stopped
+
+
+@dataclass
+class MeshResult:
+    """One mesh's outcome: a plan that fits, or the least peak found (a budget that fits), or why the
+    mesh cannot be used (`unavailable`), or an error message."""
+
+    mesh: Mesh
+    plan: Plan | None = None
+    objective: float = float("inf")
+    least: int | None = None
+    unavailable: str = ""
+    error: str = ""
+
+
+def _fit(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan], budget: int, solver: str,
+         time_limit: float, shrink: int = 0) -> tuple[Solution, Plan | None]:
+    """Solve under `budget` - `shrink` (negative: a looser budget for the solver), tightening the solver's
+    budget by the plan's excess until the plan fits: (solution, plan that fits) or (last solution, None)."""
+    problem = built.problem
+    seconds = 0.0
+    try:
+        for _ in range(_FIT_ROUNDS):
+            cap = budget - shrink
+            if cap <= 0:
+                break
+            problem.budget_bytes = cap
+            sol = solve(problem, solver=solver, time_limit=time_limit)
+            seconds += sol.seconds
+            sol.seconds = seconds
+            if sol.status not in ("optimal", "feasible"):
+                break
+            p = assemble(built, sol)
+            if p.predicted.bound_bytes <= budget:
+                return sol, p
+            # Tighten so that the next answer, carrying what this plan counts beyond the solver's model,
+            # fits: budget - (plan's bound - solver's peak). The answer need not have been at the solver's
+            # budget (gpt3-175b on 4x4x4 at 160 GiB: 17 MB below it, 0.1 MB more in the plan), so tightening
+            # by the excess over the budget alone can return the same answer every round. At least doubling.
+            shrink = max(shrink + p.predicted.bound_bytes - budget, p.predicted.bound_bytes - sol.peak_bytes,
+                         2 * shrink)
+        return sol, None
+    finally:
+        problem.budget_bytes = budget
+
+
+def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
+              budget: int, *, solver: str, time_limit: float) -> MeshResult:
+    """Build, solve and assemble one mesh (see the module docstring)."""
+    try:
+        built = build(mesh)
+    except SchemeUnavailable as e:
+        return MeshResult(mesh, unavailable=str(e))
+    sol, p = _fit(built, assemble, budget, solver, time_limit)
+    if p is not None:
+        return MeshResult(mesh, p, sol.objective)
+    if sol.status not in ("optimal", "feasible", "infeasible"):
+        return MeshResult(mesh, error=sol.message or f"solver status {sol.status}")
+    # Nothing fits. The least-memory assignment of the solver's model (asked with budget 0, so the
+    # answer does not depend on this budget) fits its plan's exact peak; a few fits just below that
+    # look for a smaller one, since the plan's accounting sees more than the solver's model.
+    problem = built.problem
+    try:
+        problem.budget_bytes = 0
+        least = solve(problem, solver=solver, time_limit=time_limit)
+    finally:
+        problem.budget_bytes = budget
+    if not least.choice:
+        return MeshResult(mesh, least=least.min_feasible_budget)
+    least.status, least.message = "feasible", "the least-memory assignment"
+    found = assemble(built, least)
+    if found.predicted.bound_bytes <= budget:
+        # The solver's model counted more than the plan does (a checkpointed block's recompute peak is an
+        # upper bound there): ask it again with its budget loosened by that difference, for a faster plan
+        # that still fits the plan's accounting (gpt-tiny on 2x2x2 at 454,272 B: 2.29 -> 1.72 ms).
+        over = least.peak_bytes - found.predicted.bound_bytes
+        if over > 0:
+            sol, q = _fit(built, assemble, budget, solver, time_limit, shrink=-over)
+            if q is not None and sol.objective < least.objective:
+                return MeshResult(mesh, q, sol.objective)
+        return MeshResult(mesh, found, least.objective)
+    smallest = found.predicted.bound_bytes
+    for _ in range(_LEAST_ROUNDS):  # the same steps as when the budget was reported: re-planning meets it
+        sol, q = _fit(built, assemble, smallest - 1, solver, time_limit)
+        if q is None:
+            break
+        if q.predicted.bound_bytes <= budget:
+            return MeshResult(mesh, q, sol.objective)
+        smallest = q.predicted.bound_bytes
+    return MeshResult(mesh, least=smallest)
+
+
+def _cost_rank(mesh: Mesh) -> int:
+    """Bigger first: more mesh axes mean many more strategies per op."""
+    return -len(mesh.shape)
+
+
+def plan_meshes(meshes: list[Mesh], job: Callable[[Mesh], MeshResult], *, time_limit: float,
+                progress: bool = False, workers: int | None = None) -> list[MeshResult]:
+    """`job(mesh)` for every mesh, in forked workers (at most `workers`, default the CPU count), results
+    in the order of `meshes`. An exception in a worker is raised here, its worker-side frames attached as
+    its cause (`WorkerTraceback`); a worker past its deadline gives an error result."""
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = min(len(meshes), workers)
+    if workers <= 1:
+        with Progress(progress, f"planner: planning {len(meshes)} mesh shape(s)"):
+            return [job(m) for m in meshes]
+    ctx = mp.get_context("fork")
+    deadline_s = (_FIT_ROUNDS * (_LEAST_ROUNDS + 1) + 1) * (time_limit + _GRACE_S)
+    order = sorted(range(len(meshes)), key=lambda i: _cost_rank(meshes[i]))
+    results: dict[int, MeshResult] = {}
+    running: dict[int, tuple[mp.Process, object, float]] = {}
+    with Progress(progress, f"planner: planning {len(meshes)} mesh shapes in {workers} processes"):
+        try:
+            while order or running:
+                while order and len(running) < workers:
+                    i = order.pop(0)
+                    running[i] = _start(ctx, job, meshes[i]) + (time.perf_counter(),)
+                for i, (proc, recv, started) in list(running.items()):
+                    if recv.poll(0.02):
+                        try:
+                            kind, value = pickle.loads(recv.recv_bytes())
+                        except EOFError:
+                            kind, value = "result", MeshResult(meshes[i], error="the planning process died")
+                        if kind == "raise":
+                            error, frames = value
+                            raise error from WorkerTraceback(frames)  # the worker's frames, shown as the cause
+                        results[i] = value
+                    elif not proc.is_alive() and not recv.poll(0):
+                        results[i] = MeshResult(meshes[i], error=f"the planning process died (exit {proc.exitcode})")
+                    elif time.perf_counter() - started > deadline_s:
+                        results[i] = MeshResult(meshes[i], error=f"no answer within {deadline_s:g} s (stopped)")
+                    else:
+                        continue
+                    _stop(proc, recv)
+                    del running[i]
+        finally:
+            for proc, recv, _ in running.values():
+                _stop(proc, recv)
+    return [results[i] for i in range(len(meshes))]
+
+
+def _start(ctx, job: Callable[[Mesh], MeshResult], mesh: Mesh) -> tuple[mp.Process, object]:
+    recv, send = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            out: tuple[str, object] = ("result", job(mesh))
+        except BaseException as e:  # raised again in the parent, as it would have been in-process, with its frames
+            out = ("raise", (e, f"planning mesh {mesh} in worker process {os.getpid()}:\n{traceback.format_exc()}"))
+        try:
+            send.send_bytes(pickle.dumps(out))
+        except Exception as e:  # an unpicklable exception: send its text
+            error, frames = out[1]  # type: ignore[misc]
+            send.send_bytes(pickle.dumps(("raise", (RuntimeError(f"{type(error).__name__}: {error} ({e})"), frames))))
+
+    proc = ctx.Process(target=child, daemon=True)
+    proc.start()
+    send.close()
+    return proc, recv
+
+
+class WorkerTraceback(Exception):
+    """The traceback of an exception raised in a planning worker process, as text: set as the `__cause__`
+    of the exception raised again in the parent, so a printed traceback shows where it was raised (the
+    worker's frames) above the parent's `raise`. (concurrent.futures does the same.)"""
+
+    def __init__(self, frames: str) -> None:
+        super().__init__(frames)
+        self.frames = frames
+
+    def __str__(self) -> str:
+        return "\n" + self.frames.rstrip()
+
+
+def _stop(proc: mp.Process, recv) -> None:
+    if proc.is_alive():
+        proc.kill()
+    proc.join(timeout=5)
+    recv.close()

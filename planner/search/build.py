@@ -1,0 +1,393 @@
+"""From a captured graph to the solver's problem: enumerate, cost, group, and price the edges.
+
+Per mesh:
+1. Enumerate strategies for every op in execution order; an op's input candidates are the output
+   layouts its producers can produce (`cost_models.strategies.enumerate_strategies`).
+2. Group ops into *decisions*: a single-input op that can run in every layout its producer's group can
+   hand it (element-wise, shape ops, dropout, softmax, ...) joins that group and takes, for each of the
+   group's choices, the strategy that needs no conversion (Alpa's "follow" merging). Everything else is
+   its own decision.
+3. Price each choice of each decision (sum over its ops' `OpCost`s) and each edge between two decisions
+   (a matrix of redistribution costs over their choices).
+4. Map the captured repeated blocks onto decisions, with the bytes a checkpointed block keeps.
+
+The result is a `Problem` (plain numbers) plus a `BuiltProblem` that remembers which strategy every op
+takes under every choice, so a solution can be turned back into per-op assignments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cost_models.edges import edge_cost, grad_flow
+from cost_models.errors import PlannerError
+from cost_models.hardware import HardwareProfile
+from cost_models.layout import Layout
+from cost_models.memory import conversion_pair_working_set
+from cost_models.mesh import Mesh
+from cost_models.ops import OpNode
+from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
+from cost_models.strategy import HEAVY_SCHEMES, OpCost, SavedTensor, Strategy
+from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode
+from planner.trace.graph import ModelGraph
+
+__all__ = ["BuiltProblem", "Decision", "build_problem", "expand_schemes", "SchemeError", "SchemeUnavailable"]
+
+
+class SchemeError(PlannerError, ValueError):
+    """An unknown scheme name in `schemes=`."""
+
+
+class SchemeUnavailable(SchemeError):
+    """The requested schemes cannot run the model's linear ops on this mesh shape (the planner skips it)."""
+
+
+def expand_schemes(schemes: list[str] | tuple[str, ...] | str | None) -> frozenset[str] | None:
+    """User scheme names -> strategy scheme names ("1d" covers 1d_col and 1d_row)."""
+    if schemes is None:
+        return None
+    if isinstance(schemes, str):
+        schemes = [s for s in schemes.split(",") if s.strip()]
+    out: set[str] = set()
+    for s in schemes:
+        s = s.strip()
+        if s == "1d":
+            out |= {"1d_col", "1d_row"}
+        elif s in HEAVY_SCHEMES:
+            out.add(s)
+        else:
+            raise SchemeError(f"unknown scheme {s!r}; use any of: 1d, " + ", ".join(HEAVY_SCHEMES))
+    if not out:
+        raise SchemeError("schemes= is empty; leave it out to allow every scheme")
+    return frozenset(out)
+
+
+@dataclass
+class Decision:
+    """A group of ops decided together: `members[k][c]` is the strategy index of member k under choice c."""
+
+    name: str
+    ops: list[str]
+    members: list[list[int]]
+    block: str | None
+
+
+@dataclass
+class BuiltProblem:
+    """A Problem plus what is needed to read its solution back."""
+
+    mesh: Mesh
+    problem: Problem
+    decisions: list[Decision]
+    strategies: dict[str, list[Strategy]]
+    costs: dict[str, list[OpCost]]
+    not_offered: dict[str, list[str]]
+    decision_of: dict[str, str]
+    unsupported: list[str] = field(default_factory=list)
+
+    def strategy_of(self, choice: dict[str, int]) -> dict[str, int]:
+        """Per-op strategy index for a per-decision choice."""
+        out: dict[str, int] = {}
+        for d in self.decisions:
+            c = choice[d.name]
+            for op, idx in zip(d.ops, d.members):
+                out[op] = idx[c]
+        return out
+
+
+def _out_layout(strategy: Strategy, producer: OpNode, consumer: OpNode) -> Layout:
+    if len(strategy.outputs) > 1 and consumer.kind == "getitem":
+        return strategy.outputs[int(consumer.attrs["index"])]
+    return strategy.outputs[0]
+
+
+def _distinct(items: list) -> tuple[list, np.ndarray]:
+    """The distinct items in first-seen order and each item's index among them."""
+    index: dict = {}
+    idx = np.array([index.setdefault(x, len(index)) for x in items], dtype=np.int64)
+    return list(index), idx
+
+
+def _templates(graph: ModelGraph) -> dict[str, str]:
+    """op -> the op at the same position of the previous block of the same class, when the two blocks'
+    ops have equal signatures position by position and their inputs inside the blocks correspond."""
+    out: dict[str, str] = {}
+    previous: dict[str, list[str]] = {}
+    nodes = {n.name: n for n in graph.nodes}
+    for b in graph.blocks:
+        prev = previous.get(b.cls)
+        previous[b.cls] = b.nodes
+        if prev is None or len(prev) != len(b.nodes):
+            continue
+        pos = {name: i for i, name in enumerate(b.nodes)}
+        pos_prev = {name: i for i, name in enumerate(prev)}
+        pairs = {}
+        for name, t in zip(b.nodes, prev):
+            op, top = nodes.get(name), nodes.get(t)
+            if op is None or top is None or op_signature(op) != op_signature(top):
+                break
+            if any(pos.get(a) != pos_prev.get(ta) for a, ta in zip(op.inputs, top.inputs)):
+                break
+            pairs[name] = t
+        else:
+            out.update(pairs)
+    return out
+
+
+def _same_inputs(op: OpNode, t: OpNode, strategies: dict[str, list[Strategy]]) -> bool:
+    """Whether `op` sees what its template `t` saw: inputs with equal strategies, hence equal candidate
+    layouts (inside the block they are usually the very same list, copied from the template's input)."""
+    return all(strategies[a] is strategies[ta] or strategies[a] == strategies[ta] for a, ta in zip(op.inputs, t.inputs))
+
+
+def _renamed(costs: list[OpCost], t: OpNode, op: OpNode) -> list[OpCost]:
+    """`costs` of the template op `t` with saved-tensor keys naming `op` and its inputs instead."""
+    names = {t.name: op.name} | dict(zip(t.inputs, op.inputs))
+    made: dict[SavedTensor, SavedTensor] = {}
+
+    def rename(t: SavedTensor) -> SavedTensor:
+        if t not in made:
+            head, sep, rest = t.key.partition(":")
+            made[t] = SavedTensor(names.get(head, head) + sep + rest, t.bytes)
+        return made[t]
+
+    out = []
+    for c in costs:
+        if not c.saved:
+            out.append(c)
+            continue
+        new = object.__new__(OpCost)  # a copy with other names: skip the dataclass machinery (hot path)
+        new.__dict__.update(c.__dict__)
+        new.__dict__["saved"] = tuple(rename(k) for k in c.saved)
+        out.append(new)
+    return out
+
+
+def _add_edge(edge_mats: dict, pair: tuple[str, str], cost: np.ndarray, rec: np.ndarray, work: np.ndarray) -> None:
+    """Accumulate an op-level edge into its decision pair: times add up, working sets take the larger."""
+    if pair in edge_mats:
+        edge_mats[pair][0][:] += cost
+        edge_mats[pair][1][:] += rec
+        np.maximum(edge_mats[pair][2], work, out=edge_mats[pair][2])
+    else:
+        edge_mats[pair] = (cost.copy(), rec.copy(), work.copy())
+
+
+# the uniform plans a user can ask for with schemes=[...]: the solver also tries each one throughout
+UNIFORM_GROUPS = [("replicate",), ("fsdp",), ("1d_col", "1d_row"), ("2d",), ("3d",), ("3d_allreduce",)]
+
+
+def _labels(d: Decision, strategies: dict[str, list[Strategy]]) -> list[str] | None:
+    """The heavy scheme of each choice of a decision led by a heavy op (None for other decisions)."""
+    head = strategies[d.ops[0]]
+    labels = [head[k].scheme for k in d.members[0]]
+    return labels if any(x in HEAVY_SCHEMES for x in labels) else None
+
+
+def _restrict(op: OpNode, strategies: list[Strategy], reasons: list[str], allowed: frozenset[str] | None):
+    """Keep only allowed heavy schemes, when the op offers any of them."""
+    if allowed is None:
+        return strategies, reasons
+    keep = [s for s in strategies if s.scheme in allowed]
+    if not keep:
+        if op.kind == "linear":
+            raise SchemeUnavailable(f"{op.name}: none of {sorted(allowed)} is offered on this mesh")
+        return strategies, reasons
+    dropped = sorted({s.scheme for s in strategies if s.scheme not in allowed})
+    if dropped:
+        reasons = reasons + [f"{', '.join(dropped)}: excluded by schemes={sorted(allowed)}"]
+    return keep, reasons
+
+
+def _join_producer(op: OpNode, found: list[Strategy], nodes: dict[str, OpNode],
+                   strategies: dict[str, list[Strategy]], decisions: dict[str, Decision],
+                   decision_of: dict[str, str]) -> bool:
+    """Merge `op` into the decision of its only multi-choice producer when its strategy is a function of
+    that input's layout (element-wise, shape ops, layer norm, softmax...): for each of the group's
+    choices `op` takes the strategy that needs no conversion of that input. Inputs from single-choice
+    decisions (constants, buffers) do not count; their conversions stay priced on their edges."""
+    free = [a for a, src in enumerate(op.inputs) if len(decisions[decision_of[src]].members[0]) > 1]
+    if len(free) != 1:
+        return False
+    a = free[0]
+    src = op.inputs[a]
+    group = decisions[decision_of[src]]
+    if group.block != op.block:
+        return False
+    by_input: dict[Layout | None, int] = {}
+    for i, s in enumerate(found):
+        if s.inputs[a] in by_input:
+            return False  # several strategies per input layout: a real decision
+        by_input[s.inputs[a]] = i
+    k = group.ops.index(src)
+    mapping = []
+    for c in range(len(group.members[0])):
+        need = _out_layout(strategies[src][group.members[k][c]], nodes[src], op)
+        if need not in by_input:
+            return False
+        mapping.append(by_input[need])
+    group.ops.append(op.name)
+    group.members.append(mapping)
+    decision_of[op.name] = group.name
+    return True
+
+
+def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_bytes: int, *,
+                  device: str = "cuda", bytes_per_param: int = 16, schemes: frozenset[str] | None = None,
+                  checkpointing: bool = True) -> BuiltProblem:
+    mark_graph_hints(graph.nodes)  # fused q/k/v outputs and transposed matmul operands (idempotent)
+    nodes = {n.name: n for n in graph.nodes}
+    strategies: dict[str, list[Strategy]] = {}
+    not_offered: dict[str, list[str]] = {}
+    costs: dict[str, list[OpCost]] = {}
+    decision_of: dict[str, str] = {}
+    decisions: dict[str, Decision] = {}
+    unsupported: list[str] = []
+
+    # --- 1 + 2: enumerate in execution order and group followers -------------------------------
+    # An op of a repeated block whose counterpart in the previous identical block has the same signature
+    # and inputs with the same strategies has the same strategies and costs: copy them (renamed).
+    template = _templates(graph)
+    copied: dict[str, str] = {}
+    for op in graph.nodes:
+        t = template.get(op.name)
+        if t is not None and _same_inputs(op, nodes[t], strategies):
+            found, reasons = strategies[t], not_offered[t]
+            costs[op.name] = _renamed(costs[t], nodes[t], op)
+            copied[op.name] = t
+        else:
+            cands: list[list[Layout]] = []
+            for src in op.inputs:
+                prod = nodes[src]
+                seen: dict[Layout, None] = {}
+                for s in strategies[src]:
+                    seen[_out_layout(s, prod, op)] = None
+                cands.append(list(seen))
+            try:
+                found, reasons = enumerate_strategies(op, mesh, cands)
+            except StrategyError:
+                # none of the layouts its producers can hand it suits this op (e.g. a reshape after linears
+                # restricted to fsdp): also offer it replicated inputs, the conversion priced on the edge
+                cands = [c if any(lay.is_replicated() for lay in c) else c + [Layout.replicated(len(meta.shape))]
+                         for c, meta in zip(cands, op.input_meta)]
+                found, reasons = enumerate_strategies(op, mesh, cands)
+            found, reasons = _restrict(op, found, reasons, schemes)
+            if not found:
+                raise AssertionError(f"no strategy at all for {op.name} ({op.kind}); the cost model must offer one")
+            costs[op.name] = op_costs(op, found, mesh, hw, device=device, bytes_per_param=bytes_per_param)
+        if op.kind == "other":
+            unsupported.append(op.name)
+        strategies[op.name] = found
+        not_offered[op.name] = reasons
+
+        joined = _join_producer(op, found, nodes, strategies, decisions, decision_of)
+        if not joined:
+            decisions[op.name] = Decision(op.name, [op.name], [list(range(len(found)))], op.block)
+            decision_of[op.name] = op.name
+
+    # --- 3: price choices and edges --------------------------------------------------------------
+    pnodes: list[ProblemNode] = []
+    priced: dict[str, list[Choice]] = {}
+    same_decision: dict[str, str] = {}  # decision -> the identical decision of the previous block
+    for d in decisions.values():
+        t_ops = [copied.get(op) for op in d.ops]
+        if all(t_ops) and t_ops[0] in decision_of:
+            dt = decisions[decision_of[t_ops[0]]]
+            if dt.ops == t_ops and dt.members == d.members:
+                same_decision[d.name] = dt.name
+                priced[d.name] = priced[dt.name]
+                pnodes.append(ProblemNode(d.name, list(priced[d.name]), d.block, _labels(d, strategies)))
+                continue
+        choices = []
+        for c in range(len(d.members[0])):
+            oc = [costs[op][idx[c]] for op, idx in zip(d.ops, d.members)]
+            saved: dict[str, int] = {}
+            for cost in oc:
+                for t in cost.saved:
+                    saved[t.key] = t.bytes
+            choices.append(Choice(
+                time_s=sum(x.time_s for x in oc),
+                recompute_s=sum(x.recompute_s for x in oc),
+                state_bytes=sum(x.param_elems for x in oc) * bytes_per_param,
+                saved_bytes=sum(saved.values()),
+                transient_bytes=max((x.transient_bytes for x in oc), default=0),
+            ))
+        priced[d.name] = choices
+        pnodes.append(ProblemNode(d.name, choices, d.block, _labels(d, strategies)))
+
+    edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    memo: dict[tuple, tuple[float, float]] = {}
+    # (op, arg) -> its (cost, recompute, working set) matrices, None when all zero
+    edge_of: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
+    flows = grad_flow(graph.nodes)
+    for op in graph.nodes:
+        dv = decisions[decision_of[op.name]]
+        kv = dv.ops.index(op.name)
+        for arg, src in enumerate(op.inputs):
+            du = decisions[decision_of[src]]
+            if du is dv:
+                continue
+            ku = du.ops.index(src)
+            t = copied.get(op.name)
+            if (t is not None and copied.get(src) == nodes[t].inputs[arg] and dv.name in same_decision
+                    and du.name in same_decision and (t, arg) in edge_of):
+                found_edge = edge_of[(t, arg)]
+                edge_of[(op.name, arg)] = found_edge
+                if found_edge is not None:
+                    _add_edge(edge_mats, (du.name, dv.name), *found_edge)
+                continue
+            prod = nodes[src]
+            meta = op.input_meta[arg]
+            # price each distinct (producer layout, consumer layout) pair once, then index
+            lus = [_out_layout(strategies[src][k], prod, op) for k in du.members[ku]]
+            lvs = [strategies[op.name][k].inputs[arg] for k in dv.members[kv]]
+            ulu, iu = _distinct(lus)
+            ulv, iv = _distinct(lvs)
+            small = np.zeros((3, len(ulu), len(ulv)))
+            for a, lu in enumerate(ulu):
+                for b, lv in enumerate(ulv):
+                    if lv is None or lu == lv:
+                        continue
+                    key = (meta.shape, meta.dtype, lu, lv, flows[src])
+                    if key not in memo:
+                        ec = edge_cost(meta, lu, lv, mesh, hw, grad=flows[src])
+                        work = conversion_pair_working_set(ec.forward, ec.backward, meta.shape, meta.itemsize, mesh)
+                        memo[key] = (ec.seconds, ec.fwd_seconds, work)
+                    small[:, a, b] = memo[key]
+            cost = small[0][np.ix_(iu, iv)]
+            rec = small[1][np.ix_(iu, iv)]
+            work = small[2][np.ix_(iu, iv)].astype(np.int64)
+            if not cost.any() and not rec.any() and not work.any():
+                edge_of[(op.name, arg)] = None
+                continue
+            edge_of[(op.name, arg)] = (cost, rec, work)
+            _add_edge(edge_mats, (du.name, dv.name), cost, rec, work)
+    pedges = [ProblemEdge(u, v, c, r, w if w.any() else None) for (u, v), (c, r, w) in edge_mats.items()]
+
+    # --- 4: blocks ---------------------------------------------------------------------------------
+    pblocks: list[Block] = []
+    for b in graph.blocks:
+        members = list(dict.fromkeys(decision_of[n] for n in b.nodes if n in decision_of))
+        members = [m for m in members if decisions[m].block == b.name]
+        if not members:
+            continue
+        inside = set(b.nodes)
+        feeders = [src for n in b.nodes if n in nodes for src in nodes[n].inputs if src not in inside]
+        input_node, input_bytes = None, []
+        if feeders:
+            src = feeders[0]
+            du = decisions[decision_of[src]]
+            ku = du.ops.index(src)
+            input_node = du.name
+            meta = nodes[src].out
+            for c in range(len(du.members[0])):
+                lay = strategies[src][du.members[ku][c]].outputs[0]
+                input_bytes.append(lay.local_numel(meta.shape, mesh) * meta.itemsize)
+        pblocks.append(Block(b.name, members, input_node, input_bytes, b.cls))
+
+    problem = Problem(pnodes, pedges, pblocks, int(budget_bytes), checkpointing=checkpointing,
+                      uniform_groups=UNIFORM_GROUPS)
+    return BuiltProblem(mesh, problem, list(decisions.values()), strategies, costs, not_offered,
+                        decision_of, unsupported)

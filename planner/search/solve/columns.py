@@ -1,0 +1,448 @@
+"""Fast solve for many identical blocks: price memory, sweep exactly, then mix the blocks with an ILP.
+
+Relaxing the budget row with a price mu per byte (Lagrange) leaves an unconstrained sum that exact
+dynamic programming minimises in milliseconds: per block class a table of the cheapest block for every
+boundary (`planner.search.solve.block_dp`), per segment of m chained blocks its min-plus m-th power, and one
+variable-elimination sweep over the nodes outside blocks (`planner.search.solve.eliminate`). Each price gives
+
+* an assignment (re-evaluated exactly: feasible when its peak fits), and
+* a lower bound: for every assignment x that fits, time(x) >= min_y [time(y) + mu·additive(y)] +
+  mu·(floor - budget), with floor the least max term any assignment has.
+
+A search over mu finds the cheapest price whose assignment fits. The blocks priced along the way are the
+columns of the two-level outer ILP (`planner.search.solve.two_level`, with counts of identical blocks per
+column), which mixes them exactly under the budget, max term included: a few layers checkpointed, a few
+on another scheme. The answer is never worse than the best priced assignment that fits, and its gap to
+the best lower bound is reported (status "optimal" only when the gap closes).
+
+Prices do not see the max term, so searches also run under transient caps, and where no price fits, with
+the bytes a checkpointed block recomputes priced like additive bytes (its recompute peak, activations plus
+its largest working set, is then the max term to shrink). Before each column ILP the columns that cannot
+be in an answer that fits, or that beats the best answer so far, are dropped (`_usable`): at tight budgets
+that is most of them (gpt-tiny on 2x2x2 at 420 KiB: 11,184 -> 1,299), and the ILP that timed out without
+an answer solves in a few seconds. And so that the mix is never
+worse than one scheme throughout (what a user would otherwise pick), a short search per uniform scheme
+ranks them; the closest gets the full search and a column ILP of its own blocks, whose answer prunes the
+ILP of all blocks (at a budget that no price fits, every scheme gets the full search and its own ILP).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from planner.search.solve.block_dp import BlockDP, BlockTable, Price, allowed
+from planner.search.solve.decompose import Decomposition
+from planner.search.solve.driver import infeasible_or_fallback
+from planner.search.solve.eliminate import eliminate
+from planner.search.solve.evaluate import evaluate_indexed
+from planner.search.solve.frontier import FrontierPoint, pareto_mask, topological_order
+from planner.search.solve.indexed import IndexedProblem
+from planner.search.solve.milp import resolve_solver
+from planner.search.solve.min_budget import LeastMemory
+from planner.search.solve.problem import Solution
+from planner.search.solve.two_level import TwoLevel
+
+__all__ = ["PricedSolve", "GAP_TOLERANCE"]
+
+log = logging.getLogger(__name__)
+
+GAP_TOLERANCE = 1e-4  # relative gap at which the answer counts as optimal
+_SEARCH_STEPS = 10  # most bisection steps on log(mu) ...
+_SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are this close
+_UNIFORM_STEPS = 4  # prices per uniform-scheme search
+_CAPS_TIGHT = 6  # ... and when no price alone gives a plan that fits
+_CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
+_ILP_GAP = 1e-4  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
+
+
+@dataclass
+class _Priced:
+    """One price's exact minimiser: assignment, its exact time and peak, and the bound it proves."""
+
+    price: Price
+    choice: list[int]
+    ckpt: list[int]
+    boundary: list[tuple[int, int, int, bool]]  # per block: (class, p, q, checkpointed)
+    time_s: float
+    peak: int
+    bound: float
+
+
+class PricedSolve:
+    """The priced search and the column ILP for one decomposable problem (see the module docstring)."""
+
+    def __init__(self, ip: IndexedProblem, dec: Decomposition) -> None:
+        self.ip, self.dec = ip, dec
+        self.dps = [BlockDP(c.shape) for c in dec.classes]
+        self.floor = max((float(t.min()) for t in ip.transient), default=0.0)
+        self.priced: list[_Priced] = []
+        self.tables: list[tuple[Price, list[BlockTable]]] = []
+        self.stats: dict[str, float] = {}
+        self.scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)  # seconds per budget byte, at most
+        self.tiny = self.scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
+
+    # --- one price ------------------------------------------------------------------------------
+    def evaluate(self, price: Price) -> _Priced:
+        """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`."""
+        ip, dec = self.ip, self.dec
+        tables = [dp.table(price, ip.checkpointing) for dp in self.dps]
+        self.tables.append((price, tables))
+        sizes: dict[int, int] = {}
+        unary: dict[int, np.ndarray] = {}
+        incoming: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for v in dec.outer_nodes:
+            w = price.a * ip.time[v] + price.b * (ip.state[v] + ip.saved[v]).astype(float)
+            sizes[v], unary[v], incoming[v] = ip.sizes[v], np.where(ip.transient[v] <= price.cap, w, np.inf), []
+            mask = allowed(ip.labels[v], price.only)
+            if mask is not None:
+                unary[v] = np.where(mask, unary[v], np.inf)
+        powers = []
+        for k, seg in enumerate(dec.segments):
+            cost = tables[seg.cls].cost
+            steps = [(cost, None)]
+            for _ in range(len(seg.blocks) - 1):  # min-plus powers, with the argmin of each join
+                both = steps[-1][0][:, :, None] + cost[None, :, :]
+                arg = np.argmin(both, axis=1)
+                steps.append((np.take_along_axis(both, arg[:, None, :], axis=1)[:, 0, :], arg))
+            powers.append(steps)
+            node = _seg_node(k, seg.out)
+            sizes[node] = cost.shape[1]
+            if seg.port is None:
+                unary[node], incoming[node] = steps[-1][0][0], []
+            else:
+                unary[node], incoming[node] = np.zeros(cost.shape[1]), [(seg.port, steps[-1][0])]
+        for e in ip.edges:
+            if ip.block_of[e.dst] < 0:
+                mat = price.a * e.cost
+                if e.transient is not None:
+                    mat = np.where(e.transient <= price.cap, mat, np.inf)
+                incoming[e.dst].append((e.src, mat))
+        ids = list(sizes)
+        pos = {v: i for i, v in enumerate(ids)}
+        order = topological_order(len(ids), [(pos[u], pos[v]) for v in ids for u, _ in incoming[v]])
+        if order is None:
+            raise RuntimeError("outer nodes form a cycle (internal error)")
+        sweep = eliminate([ids[i] for i in order], sizes, unary, incoming)
+        picked = {v: int(x) for v, x in sweep.argmin({}).items()}
+        choice = [0] * ip.n
+        for v in dec.outer_nodes:
+            choice[v] = picked[v]
+        ckpt, boundary = [], []
+        for k, seg in enumerate(dec.segments):
+            start = 0 if seg.port is None else picked[seg.port]
+            walk = [picked[_seg_node(k, seg.out)]]
+            for _, arg in reversed(powers[k][1:]):
+                walk.append(int(arg[start, walk[-1]]))
+            walk.append(start)
+            walk = walk[::-1]  # walk[i] -> walk[i + 1] is block i's boundary
+            table, dp = tables[seg.cls], self.dps[seg.cls]
+            ps, qs = np.array(walk[:-1]), np.array(walk[1:])
+            flags = table.ckpt[ps, qs]
+            rows = table.choice(ps, qs, flags, dp.n)
+            for blk, row, p, q, flag in zip(seg.blocks, rows, ps, qs, flags):
+                for v, c in zip(ip.block_nodes[blk], row):
+                    choice[v] = int(c)
+                if flag:
+                    ckpt.append(blk)
+                boundary.append((seg.cls, int(p), int(q), bool(flag)))
+        time_s, peak, _ = evaluate_indexed(ip, choice, ckpt)
+        value = float(sweep.value)
+        valid = price.a == 1.0 and price.c == 0.0 and price.cap == np.inf and not price.only  # module docstring
+        bound = value + price.b * (self.floor - ip.budget) if valid else -np.inf
+        out = _Priced(price, choice, sorted(ckpt), boundary, time_s, peak, bound)
+        self.priced.append(out)
+        return out
+
+    # --- the search -------------------------------------------------------------------------------
+    def solve(self, solver: str, time_limit: float) -> Solution:
+        start = time.perf_counter()
+        deadline = start + time_limit
+        ip = self.ip
+        fastest = self.evaluate(Price(1.0, self.tiny))
+        if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
+            return self._answer(fastest, start, "optimal", 0.0, "")
+        mu0 = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
+        top = self.scale * 1e8
+        hi = self._explore((), mu0, top, deadline)
+        groups = self._groups()
+        if hi is None:  # a tight budget: each uniform scheme gets the full search (mostly skipped, see _explore)
+            for group in groups:
+                if time.perf_counter() > deadline:
+                    break
+                self._explore(group, mu0, top, deadline)
+            firsts, mixed = groups, None  # which schemes' blocks mix into a plan that fits is not known
+        else:
+            for group in groups:  # short searches, one per uniform scheme, rank them ...
+                if time.perf_counter() > deadline:
+                    break
+                self._uniform(group, hi)
+            closest = self._closest(groups)
+            if closest is not None and time.perf_counter() < deadline:
+                self._explore(closest, mu0, top, deadline)  # ... and the closest one gets the full search
+            firsts = [closest] if closest is not None else []
+            mixed = [(), *firsts]  # the other short searches only ranked the schemes: their columns stay out
+        return self._finish(start, deadline, solver, firsts, mixed)
+
+    def _explore(self, only: tuple[str, ...], mu0: float, top: float, deadline: float) -> float | None:
+        """The search over prices, restricted to the choices labelled `only` (all when empty): the cheapest
+        price whose minimiser fits, then searches under transient caps below the answer's largest transient
+        (a smaller max term leaves room for more additive bytes). When no price alone fits, the max term
+        (transients, recompute peaks), which prices do not see, must shrink: the caps start from the
+        least-memory assignment (each skipped when that assignment under its cap does not fit). A restricted
+        search starts from its own fastest assignment's time per budget byte, as a solve of the restricted
+        problem would. Returns the cheapest fitting price of the first search, or None."""
+        ip = self.ip
+        if only:  # start where a solve restricted to these choices would: from their own fastest assignment
+            mu0 = self.evaluate(Price(1.0, self.tiny, only=only)).time_s / max(ip.budget, 1) * 1e-2
+        hi = self._search(mu0, top, Price(1.0, 0.0, only=only), _SEARCH_STEPS, deadline)
+        if hi is None:  # the recompute peaks may be what does not fit: price their bytes too
+            hi = self._search(mu0, top, Price(1.0, 0.0, only=only), _SEARCH_STEPS, deadline, tie=True)
+        if hi is None:
+            least = self.evaluate(Price(0.0, 1.0, 1.0, only=only))
+            for cap in self._caps(least.choice, _CAPS_TIGHT, only):
+                if time.perf_counter() > deadline:
+                    break
+                self._least_first(Price(1.0, 0.0, cap=cap, only=only), mu0, top, deadline)
+            return None
+        self.evaluate(Price(1.0, hi, hi, only=only))  # blocks that also keep their recompute peak low
+        best = min((r for r in self.priced if r.peak <= ip.budget and r.price.only == only),
+                   key=lambda r: r.time_s)
+        for cap in self._caps(best.choice, 0, only):
+            if time.perf_counter() > deadline:
+                break
+            for mu in (hi, hi / 4):
+                self.evaluate(Price(1.0, mu, 0.0, cap, only))
+        return hi
+
+    def _least_first(self, base: Price, mu0: float, top: float, deadline: float) -> None:
+        """A short search of `base`'s prices, skipped when even its least-memory assignment does not fit
+        (a heuristic: large prices tend to the least additive bytes, so the search would most likely find
+        nothing that fits either)."""
+        if self.evaluate(replace(base, a=0.0, b=1.0, c=1.0)).peak <= self.ip.budget:
+            self._search(mu0, top, base, 3, deadline)
+            self._search(mu0, top, base, 3, deadline, tie=True)
+
+    def _closest(self, groups: list[tuple[str, ...]]) -> tuple[str, ...] | None:
+        """The uniform group whose assignments came closest: the fastest that fits, else the least peak."""
+        ip = self.ip
+        runs = [r for r in self.priced if r.price.only in groups]
+        fits = [r for r in runs if r.peak <= ip.budget]
+        if fits:
+            return min(fits, key=lambda r: r.time_s).price.only
+        return min(runs, key=lambda r: r.peak).price.only if runs else None
+
+    def _search(self, mu: float, top: float, base: Price, steps: int, deadline: float,
+                tie: bool = False) -> float | None:
+        """The cheapest price (of `base` with b = mu, and c = mu too with `tie`) whose minimiser fits: grow
+        mu tenfold until one fits, then bisect on log(mu) for at most `steps` steps. None when none fits
+        below `top`.
+
+        The minimiser's additive bytes only fall as mu grows, and once they reach those of the minimiser
+        at `top` (the least additive bytes, fastest among those), larger prices give that same assignment:
+        when it does not fit, the growth stops there."""
+        ip = self.ip
+        limit = self.evaluate(replace(base, b=top, c=top if tie else base.c))
+        lo, hi = 0.0, (top if limit.peak <= ip.budget else None)
+        while mu < top and time.perf_counter() < deadline:
+            r = self.evaluate(replace(base, b=mu, c=mu if tie else base.c))
+            if r.peak <= ip.budget:
+                hi = mu
+                break
+            if hi is None and r.choice == limit.choice and r.ckpt == limit.ckpt:
+                return None
+            lo, mu = mu, mu * 10
+        if hi is None:
+            return None
+        for _ in range(steps):
+            if time.perf_counter() > deadline or (lo > 0 and hi / lo < _SEARCH_RATIO):
+                break
+            mid = np.sqrt(lo * hi) if lo > 0 else hi / 10
+            if self.evaluate(replace(base, b=mid, c=mid if tie else base.c)).peak <= ip.budget:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    def _groups(self) -> list[tuple[str, ...]]:
+        """The problem's uniform label groups that some node offers."""
+        present = {x for labels in self.ip.labels if labels is not None for x in labels}
+        return [g for g in self.ip.problem.uniform_groups if present & set(g)]
+
+    def _uniform(self, group: tuple[str, ...], mu: float) -> None:
+        """A short price search with every labelled node on `group`: its blocks join the columns, so the
+        mix is never worse than what one scheme throughout would give (up to this search's own gap)."""
+        ip = self.ip
+        lo, hi = None, None
+        for _ in range(_UNIFORM_STEPS):
+            r = self.evaluate(Price(1.0, mu, only=group))
+            if r.peak <= ip.budget:
+                hi = mu
+                if lo is not None and hi / lo < 2.5:
+                    break
+                mu = mu / 3 if lo is None else np.sqrt(lo * hi)
+            else:
+                lo = mu
+                mu = mu * 3 if hi is None else np.sqrt(lo * hi)
+        if hi is None:
+            self.evaluate(Price(0.0, 1.0, 1.0, only=group))
+
+    def _caps(self, choice: list[int], most: int = 0, only: tuple[str, ...] = ()) -> list[float]:
+        """Up to _CAPS transient levels just below the largest op or conversion transient of `choice`: prices
+        with these caps give columns (and outer choices) that trade a smaller max term for time or bytes.
+        The levels are those of the options `only` allows (a uniform search's caps step through its own)."""
+        ip = self.ip
+        works = [e for e in ip.edges if e.transient is not None]
+        top = max([int(ip.transient[v][c]) for v, c in enumerate(choice)]
+                  + [int(e.transient[choice[e.src], choice[e.dst]]) for e in works], default=0)
+        masks = [allowed(labels, only) for labels in ip.labels]
+        ok = [np.ones(len(t), bool) if m is None else m for t, m in zip(ip.transient, masks)]
+        levels = [t[m] for t, m in zip(ip.transient, ok)]
+        levels += [e.transient[np.ix_(ok[e.src], ok[e.dst])].ravel() for e in works]
+        below = np.unique(np.concatenate(levels))
+        below = below[below < top]
+        return [float(x) for x in below[::-1][:most or _CAPS]]
+
+    def _finish(self, start: float, deadline: float, solver: str, firsts: list[tuple[str, ...]],
+                mixed: list[tuple[str, ...]] | None) -> Solution:
+        ip = self.ip
+        fits = [r for r in self.priced if r.peak <= ip.budget]
+        best = min(fits, key=lambda r: r.time_s, default=None)
+        bound = max((r.bound for r in self.priced), default=-np.inf)
+        answer = (best.choice, best.ckpt, best.time_s) if best is not None else None
+        # First the column ILPs of single uniform schemes' blocks (small and quick: each answer is what
+        # planning with that scheme alone would find, and prunes the next ILP), then the ILP of all blocks.
+        # They get at most the search's time together, resp. twice it (at least a second): past that the
+        # improvements are small, and some column sets make HiGHS slow to prove optimality.
+        searched = time.perf_counter() - start
+        share = max(1.0, searched / max(len(firsts), 1))
+        rounds = [([group], share) for group in firsts] + [(mixed, max(1.0, 2 * searched))]
+        for only, seconds in rounds:
+            upper = answer[2] if answer is not None else np.inf
+            outer = self._outer(only)
+            every = outer.points
+            outer.points = self._usable(every, outer.allowed, upper)
+            rnd = outer.outer("time", solver, min(deadline, time.perf_counter() + seconds), upper, rel_gap=_ILP_GAP)
+            if rnd.res.x is not None and rnd.value < upper:
+                answer = (rnd.choice, rnd.ckpt, rnd.value)
+        self.stats["columns"] = float(sum(len(p) for p in outer.points))
+        if answer is not None:
+            value = answer[2]
+            gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
+            return self._solution(*answer, start, gap, solver, rnd.res.status)
+        outer.points = every  # the least memory may use columns that do not fit: all of the last round's
+        least = outer.outer("memory", solver, max(deadline, time.perf_counter() + 10.0))
+        found = LeastMemory(int(least.value), least.choice, least.ckpt, False,
+                            "smallest feasible budget found by the priced search (an upper bound; not proven "
+                            "minimal)") if least.res.x is not None else LeastMemory(
+                                None, [], [], False, f"least-memory solve failed: {least.res.message}")
+        base = dict(seconds=time.perf_counter() - start, solver=resolve_solver(solver), method="priced")
+        return infeasible_or_fallback(ip, found, base)
+
+    def _outer(self, only: list[tuple[str, ...]] | None) -> TwoLevel:
+        """The column ILP over the blocks that the prices restricted to one of `only` found (every price's
+        when None); the outer nodes and segment ends take the choices those priced assignments gave them."""
+        runs = [r for r in self.priced if only is None or r.price.only in only]
+        outer = TwoLevel(self.ip, self.dec)
+        outer.points = self._columns(runs, [t for price, t in self.tables if only is None or price.only in only])
+        used: dict[int, set[int]] = {}
+        for r in runs:
+            for v in self.dec.outer_nodes + [seg.out for seg in self.dec.segments if seg.out is not None]:
+                used.setdefault(v, set()).add(r.choice[v])
+        outer.allowed = {v: np.array(sorted(c), dtype=np.int64) for v, c in used.items()}
+        return outer
+
+    def _usable(self, points: list[list[FrontierPoint]], allowed: dict[int, np.ndarray],
+                upper: float) -> list[list[FrontierPoint]]:
+        """The columns that can be part of an answer that fits the budget and beats `upper` (seconds).
+
+        With every other block at its class's least additive bytes (resp. least time) and every outer node
+        at its least, a column whose own bytes plus its max term still exceed the budget, or whose own
+        time makes the step no faster than `upper`, is in no such answer: dropped (exact, not a heuristic).
+        At tight budgets most columns are fast blocks that need more memory than is left; without them the
+        ILP is a fraction of the size. Repeated while it drops columns (the bounds rise as columns go)."""
+        ip, dec = self.ip, self.dec
+        outer_add = outer_time = outer_top = 0.0
+        for v in dec.outer_nodes:
+            opts = allowed.get(v, np.arange(ip.sizes[v]))
+            outer_add += float((ip.state[v] + ip.saved[v])[opts].min())
+            outer_time += float(ip.time[v][opts].min())
+            outer_top = max(outer_top, float(ip.transient[v][opts].min()))
+        count = [0] * len(points)
+        for seg in dec.segments:
+            count[seg.cls] += len(seg.blocks)
+        while True:
+            if any(not pts for pts, m in zip(points, count) if m):
+                return points
+            least_add = [min((pt.add_bytes for pt in pts), default=0) for pts in points]
+            least_time = [min((pt.time_s for pt in pts), default=0.0) for pts in points]
+            add = outer_add + sum(m * x for m, x in zip(count, least_add))
+            secs = outer_time + sum(m * x for m, x in zip(count, least_time))
+            kept = [[pt for pt in pts
+                     if add - least_add[k] + pt.add_bytes + max(pt.max_bytes, outer_top) <= ip.budget
+                     and secs - least_time[k] + pt.time_s < upper * (1 + 1e-9)]
+                    for k, pts in enumerate(points)]
+            if sum(map(len, kept)) == sum(map(len, points)):
+                return kept
+            points = kept
+
+    def _columns(self, runs: list[_Priced], priced_tables: list[list[BlockTable]]) -> list[list[FrontierPoint]]:
+        """Per class: the blocks of `priced_tables` (the cheapest under each price), restricted to the
+        boundary choices that some run used (where the answer's blocks will join), both plain and
+        checkpointed, without dominated ones."""
+        used: list[set[int]] = [set() for _ in self.dps]
+        for r in runs:
+            for cls, p, q, _ in r.boundary:
+                used[cls] |= {p, q}
+        out: list[list[FrontierPoint]] = []
+        for cls, dp in enumerate(self.dps):
+            seen: dict[tuple, FrontierPoint] = {}
+            keep = np.array(sorted(used[cls]), dtype=np.int64)
+            for tables in priced_tables:
+                cost = tables[cls].cost
+                ps = keep[keep < cost.shape[0]]
+                qs = keep[keep < cost.shape[1]]
+                pairs = np.array([(p, q) for p in ps for q in qs], dtype=np.int64).reshape(-1, 2)
+                for pt in dp.points(tables[cls], pairs, both=True):
+                    seen.setdefault((pt.p, pt.q, pt.ckpt, pt.choice), pt)
+            out.append(_undominated(list(seen.values())))
+        return out
+
+    def _answer(self, r: _Priced, start: float, status: str, gap: float, message: str) -> Solution:
+        return Solution(status=status, choice=dict(zip(self.ip.names, r.choice)),
+                        checkpointed=[self.ip.block_names[b] for b in r.ckpt], objective=r.time_s, gap=gap,
+                        seconds=time.perf_counter() - start, solver="dp", peak_bytes=r.peak, method="priced",
+                        message=message)
+
+    def _solution(self, choice: list[int], ckpt: list[int], value: float, start: float, gap: float,
+                  solver: str, ilp_status: str) -> Solution:
+        ip = self.ip
+        status = "optimal" if gap <= GAP_TOLERANCE else "feasible"
+        message = "" if status == "optimal" else f"within {100 * gap:.2f}% of the lower bound"
+        if ilp_status not in ("optimal", "infeasible"):
+            message += "; the column ILP stopped at the time limit"
+        return Solution(status=status, choice=dict(zip(ip.names, choice)),
+                        checkpointed=[ip.block_names[b] for b in ckpt], objective=value, gap=gap,
+                        seconds=time.perf_counter() - start, solver=resolve_solver(solver),
+                        peak_bytes=evaluate_indexed(ip, choice, ckpt)[1], method="priced", message=message)
+
+
+def _undominated(points: list[FrontierPoint]) -> list[FrontierPoint]:
+    """The points no other point of the same boundary and checkpoint flag beats in additive bytes, max-term
+    bytes and time at once: the outer ILP never needs a dominated one, and fewer columns solve faster."""
+    groups: dict[tuple[int, int, bool], list[FrontierPoint]] = {}
+    for pt in points:
+        groups.setdefault((pt.p, pt.q, pt.ckpt), []).append(pt)
+    out = []
+    for pts in groups.values():
+        values = np.array([(pt.add_bytes, pt.max_bytes, pt.time_s) for pt in pts], dtype=float)
+        out += [pt for pt, keep in zip(pts, pareto_mask(values)) if keep]
+    return out
+
+
+def _seg_node(k: int, out: int | None) -> int:
+    """The outer sweep's node for segment k: its output node, or a fresh id when nothing leaves it."""
+    return out if out is not None else -(k + 2)

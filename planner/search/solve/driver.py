@@ -1,0 +1,82 @@
+"""Run a built ILP and turn its answer into a `Solution` whose figures come from the formulas.
+
+Shared by the flat and the two-level solver: solve for time under the budget; re-evaluate the chosen
+assignment exactly; if solver tolerances let it exceed the budget by a few bytes, tighten the memory row by
+that much and solve again; if the budget is infeasible, find the smallest feasible budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from planner.search.solve.evaluate import evaluate_indexed
+from planner.search.solve.indexed import IndexedProblem
+from planner.search.solve.milp import solve_milp
+from planner.search.solve.min_budget import Build, LeastMemory, least_memory
+from planner.search.solve.problem import Solution
+
+__all__ = ["infeasible_or_fallback", "solve_built"]
+
+log = logging.getLogger(__name__)
+
+_TOLERANCE_RETRIES = 3
+
+
+def _named(ip: IndexedProblem, choice: list[int]) -> dict[str, int]:
+    return {name: int(c) for name, c in zip(ip.names, choice)}
+
+
+def infeasible_or_fallback(ip: IndexedProblem, least: LeastMemory, base: dict) -> Solution:
+    """The answer once no assignment was found under the budget: "infeasible" with the least peak, or, when
+    the least-memory assignment does fit (solver tolerance made the budget look too small), that
+    assignment as "feasible"."""
+    time_s, peak = (evaluate_indexed(ip, least.choice, least.checkpointed)[:2] if least.choice
+                    else (float("nan"), 0))
+    fields = dict(choice=_named(ip, least.choice), checkpointed=[ip.block_names[b] for b in least.checkpointed],
+                  objective=time_s, peak_bytes=peak, **base)
+    if least.peak_bytes is not None and least.peak_bytes <= ip.budget:
+        return Solution(status="feasible", gap=float("nan"), message=(
+            "solver tolerance hid the assignments at the budget's edge; this is the least-memory one"), **fields)
+    return Solution(status="infeasible", min_feasible_budget=least.peak_bytes, message=least.message, **fields)
+
+
+def solve_built(ip: IndexedProblem, build: Build, *, solver: str, time_limit: float, method: str) -> Solution:
+    """Minimise step time under `ip.budget` with the models `build(mode, budget)` gives.
+
+    The solver's feasibility tolerance times a byte-sized coefficient can hide a few bytes; an answer that
+    re-evaluates above the budget is solved again with the memory row tightened by 1, 4, 16... times the
+    excess (the answer may then miss an optimum within those bytes of the budget, which it says)."""
+    start = time.perf_counter()
+    deadline = start + time_limit
+    cap, shrink = ip.budget, 0
+    for _ in range(_TOLERANCE_RETRIES + 1):
+        built = build("time", cap)
+        res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter())
+        if res.x is None:
+            break
+        choice, ckpt = built.extract(res.x)
+        time_s, peak, _ = evaluate_indexed(ip, choice, ckpt)
+        if peak <= ip.budget:
+            notes = [res.message] if res.status != "optimal" and res.message else []
+            if shrink:
+                notes.append(f"memory row tightened by {shrink} B against solver tolerance")
+            return Solution(
+                status=res.status, choice=_named(ip, choice), checkpointed=[ip.block_names[b] for b in ckpt],
+                objective=time_s, gap=res.gap, seconds=time.perf_counter() - start, solver=res.solver,
+                peak_bytes=peak, method=method, message="; ".join(notes),
+            )
+        shrink = max(4 * shrink, peak - ip.budget)
+        log.warning("solver answer exceeds the budget by %d B (tolerance); tightening by %d B and solving again",
+                    peak - ip.budget, shrink)
+        cap = ip.budget - shrink
+    base = dict(seconds=0.0, solver=res.solver, method=method)
+    if res.status == "infeasible" or res.x is not None:
+        least = least_memory(ip, build, solver=solver, deadline=time.perf_counter() + time_limit)
+        base["seconds"] = time.perf_counter() - start
+        return infeasible_or_fallback(ip, least, base)
+    message = res.message or f"solver status {res.status}"
+    if "time" in message.lower():
+        message += f"; no assignment found within time_limit={time_limit:g} s: raise time_limit"
+    return Solution(status="error", seconds=time.perf_counter() - start, solver=res.solver, method=method,
+                    message=message)

@@ -1,0 +1,255 @@
+"""The flat ILP (after Alpa, DESIGN §6): one one-hot vector per node, pair variables per costly edge,
+one checkpoint binary per block, a memory row with a max term, time in the objective.
+
+Formulation (memory in units of `IndexedProblem.memory_unit()` bytes, time scaled to ~1e3):
+
+* s_v[p] binary, sum_p s_v[p] = 1; nodes with one choice are the constant 1 (no variable).
+* Edge matrices that split as a[p] + b[q] (constant ones, ones with a single-choice end) are folded into
+  the two nodes' costs. Other edges get e[p, q] in [0, 1] with sum_q e[p, q] = s_u[p] and
+  sum_p e[p, q] = s_v[q]: with integer s the only solution is e = s_u s_vᵀ, so e stays continuous.
+* Checkpoint c_b binary. Every product "node v takes p and block b is checkpointed" is an and-vector
+  y[p] in [0, 1] with y[p] <= s_v[p] and sum_p y[p] = c_b: exact for integer s and c (y = c·s). It drops
+  v's saved bytes (-saved·y), adds its recompute time, keeps the input node's input_bytes, and gives the
+  recompute term T >= sum_{v in b} saved_v·y_v. Edges into or inside b pay their recompute matrix on pair
+  variables built from the two and-vectors in the same way as plain edges.
+* T >= sum_p transient_v[p]·s_v[p] for every node, T >= sum_{p,q} transient_e[p, q]·e[p, q] for every edge
+  whose conversions need memory (pair variables as above); memory = state + saved - dropped + kept + T <= budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.search.solve.indexed import IndexedProblem
+from planner.search.solve.milp import MilpModel
+
+__all__ = ["ONE", "LinExpr", "IlpBuilder", "BuiltModel", "build_flat", "flat_size"]
+
+ONE = -1  # an indicator entry that is the constant 1 rather than a variable
+
+
+class LinExpr:
+    """A linear expression over model variables plus a constant; indices equal to ONE add constants."""
+
+    def __init__(self) -> None:
+        self.idx: list[np.ndarray] = []
+        self.val: list[np.ndarray] = []
+        self.const = 0.0
+
+    def add(self, ind: np.ndarray, coef: np.ndarray | float) -> None:
+        ind = np.asarray(ind, dtype=np.int64)
+        coef = np.broadcast_to(np.asarray(coef, dtype=float), ind.shape)
+        const = ind == ONE
+        self.const += float(coef[const].sum())
+        self.idx.append(ind[~const])
+        self.val.append(coef[~const])
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.idx:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        return np.concatenate(self.idx), np.concatenate(self.val)
+
+
+def _split(mat: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a, b) with mat[p, q] == a[p] + b[q] (to 1e-12 relative), or None when the matrix does not split."""
+    a = mat[:, 0].copy()
+    b = mat[0, :] - mat[0, 0]
+    scale = float(np.max(np.abs(mat))) if mat.size else 0.0
+    if np.all(np.abs(a[:, None] + b[None, :] - mat) <= 1e-12 * scale):
+        return a, b
+    return None
+
+
+@dataclass
+class BuiltModel:
+    """A model ready to solve, its memory unit, and how to read (choice vector, checkpointed blocks) back."""
+
+    model: MilpModel
+    unit: int
+    extract: Callable[[np.ndarray], tuple[list[int], list[int]]]
+    scale: float = 1.0  # model objective units per second (time mode) or per byte (memory mode)
+
+
+class IlpBuilder:
+    """Shared pieces of the flat ILP and the two-level outer ILP: one-hot vectors, and-vectors, pair
+    costs, the max term T and the memory row / objective."""
+
+    def __init__(self, ip: IndexedProblem) -> None:
+        self.ip = ip
+        self.model = MilpModel()
+        self.time_scale = 1e3 / ip.time_magnitude()
+        self.unit = ip.memory_unit()
+        self.time = LinExpr()  # seconds
+        self.memory = LinExpr()  # bytes, without the max term
+        self.tops: list[tuple[LinExpr, float]] = []  # T >= expr (bytes), with an upper bound of expr
+        self.top_floor = 0.0  # T >= this constant
+
+    def one_hot(self, n: int) -> np.ndarray:
+        """An indicator vector choosing exactly one of n options (the constant [ONE] when n == 1)."""
+        if n == 1:
+            return np.array([ONE])
+        ind = self.model.add_vars(n, integer=True)
+        self.model.add_row(ind, np.ones(n), 1.0, 1.0)
+        return ind
+
+    def and_vector(self, ind: np.ndarray, flag: int) -> np.ndarray:
+        """y[p] = ind[p]·flag (flag a binary variable), exact when ind is one-hot and integer."""
+        if len(ind) == 1 and ind[0] == ONE:
+            return np.array([flag])
+        y = self.model.add_vars(len(ind))
+        for p in range(len(ind)):
+            self.model.add_row([y[p], ind[p]], [1.0, -1.0], hi=0.0)
+        self.model.add_row(np.concatenate([y, [flag]]), np.concatenate([np.ones(len(y)), [-1.0]]), 0.0, 0.0)
+        return y
+
+    def pair_cost(self, ind_u: np.ndarray, ind_v: np.ndarray, mat: np.ndarray, into: LinExpr) -> None:
+        """Add sum_{p,q} mat[p, q]·ind_u[p]·ind_v[q] to `into`; both vectors have the same sum (1 or c)."""
+        if not np.any(mat):
+            return
+        parts = _split(mat)
+        if parts is not None:
+            into.add(ind_u, parts[0])
+            into.add(ind_v, parts[1])
+            return
+        into.add(self.pair_vars(ind_u, ind_v).ravel(), mat.ravel())
+
+    def pair_top(self, ind_u: np.ndarray, ind_v: np.ndarray, work: np.ndarray | None) -> None:
+        """T >= work[p, q] when u takes p and v takes q (a conversion's working set), for one-hot vectors."""
+        if work is None or not np.any(work):
+            return
+        if len(ind_u) == 1 and ind_u[0] == ONE:
+            self.top(ind_v, work[0].astype(float))
+            return
+        if len(ind_v) == 1 and ind_v[0] == ONE:
+            self.top(ind_u, work[:, 0].astype(float))
+            return
+        expr = LinExpr()
+        expr.add(self.pair_vars(ind_u, ind_v).ravel(), work.ravel().astype(float))
+        self.tops.append((expr, float(work.max())))
+
+    def pair_vars(self, ind_u: np.ndarray, ind_v: np.ndarray) -> np.ndarray:
+        """e[p, q] = ind_u[p]·ind_v[q] for vectors with the same sum (one-hot, or and-vectors of one flag):
+        continuous variables with both marginals, exact for integer indicators."""
+        n_u, n_v = len(ind_u), len(ind_v)
+        e = self.model.add_vars(n_u * n_v).reshape(n_u, n_v)
+        for p in range(n_u):
+            self._marginal(e[p, :], ind_u[p])
+        for q in range(n_v):
+            self._marginal(e[:, q], ind_v[q])
+        return e
+
+    def _marginal(self, pair_vars: np.ndarray, target: int) -> None:
+        ones = np.ones(len(pair_vars))
+        if target == ONE:
+            self.model.add_row(pair_vars, ones, 1.0, 1.0)
+        else:
+            self.model.add_row(np.concatenate([pair_vars, [target]]), np.concatenate([ones, [-1.0]]), 0.0, 0.0)
+
+    def add_expr_row(self, expr: LinExpr, lo: float = -np.inf, hi: float = np.inf) -> None:
+        """lo <= expr <= hi, moving the expression's constant to the bounds."""
+        idx, val = expr.arrays()
+        self.model.add_row(idx, val, lo - expr.const, hi - expr.const)
+
+    def top(self, ind: np.ndarray, coef: np.ndarray) -> None:
+        """T >= sum_p coef[p]·ind[p] for a one-hot `ind`."""
+        if (len(ind) == 1 and ind[0] == ONE) or np.all(coef == coef[0]):
+            self.top_floor = max(self.top_floor, float(coef[0]))
+            return
+        expr = LinExpr()
+        expr.add(ind, coef)
+        self.tops.append((expr, float(np.max(coef))))
+
+    def finish(self, mode: str, budget: int | None) -> MilpModel:
+        """Add T and its rows, the memory row when `budget` is given, and the objective: step time when
+        mode == "time", peak memory (in units) when mode == "memory"."""
+        m = self.model
+        t_var = int(m.add_vars(1, lb=self.top_floor / self.unit, ub=np.inf)[0])
+        for expr, upper in self.tops:
+            if upper <= self.top_floor:
+                continue  # never above the floor
+            idx, val = expr.arrays()
+            m.add_row(np.concatenate([[t_var], idx]), np.concatenate([[1.0], -val / self.unit]), lo=expr.const / self.unit)
+        idx, val = self.memory.arrays()
+        mem_idx = np.concatenate([idx, [t_var]])
+        mem_val = np.concatenate([val / self.unit, [1.0]])
+        if budget is not None:  # peaks are whole bytes: half a byte of slack accepts exactly peak <= budget
+            m.add_row(mem_idx, mem_val, hi=(budget + 0.5 - self.memory.const) / self.unit)
+        self.scale = self.time_scale if mode == "time" else 1.0 / self.unit
+        if mode == "time":
+            t_idx, t_val = self.time.arrays()
+            m.add_cost(t_idx, t_val * self.time_scale)
+            m.offset = self.time.const * self.time_scale
+        elif mode == "memory":
+            m.add_cost(mem_idx, mem_val)
+            m.offset = self.memory.const / self.unit
+        else:
+            raise ValueError(f"mode must be 'time' or 'memory', not {mode!r}")
+        return m
+
+
+def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
+    """The flat ILP of the module docstring for `ip`."""
+    b = IlpBuilder(ip)
+    s = [b.one_hot(n) for n in ip.sizes]
+    for v in range(ip.n):
+        b.time.add(s[v], ip.time[v])
+        b.memory.add(s[v], ip.state[v] + ip.saved[v])
+        b.top(s[v], ip.transient[v].astype(float))
+    for e in ip.edges:
+        b.pair_cost(s[e.src], s[e.dst], e.cost, b.time)
+        b.pair_top(s[e.src], s[e.dst], e.transient)
+    flags: list[int] = []
+    if ip.checkpointing:
+        for blk, members in enumerate(ip.block_nodes):
+            c = int(b.model.add_vars(1, integer=True)[0])
+            flags.append(c)
+            ands: dict[int, np.ndarray] = {}
+
+            def land(v: int, c: int = c, ands: dict[int, np.ndarray] = ands) -> np.ndarray:
+                if v not in ands:
+                    ands[v] = b.and_vector(s[v], c)
+                return ands[v]
+
+            saved_max = float(sum(int(ip.saved[v].max()) for v in members))
+            for v in members:
+                b.time.add(land(v), ip.recompute[v])
+                b.memory.add(land(v), -ip.saved[v].astype(float))
+
+            def recomputed(members: list[int] = members, land=land) -> LinExpr:
+                """The block's recomputed activations when it is checkpointed."""
+                expr = LinExpr()
+                for v in members:
+                    expr.add(land(v), ip.saved[v].astype(float))
+                return expr
+
+            # the recompute peak: those activations beside each op's working set (problem.py)
+            for v in members:
+                expr = recomputed()
+                expr.add(land(v), ip.transient[v].astype(float))
+                b.tops.append((expr, saved_max + float(ip.transient[v].max())))
+            for e in ip.edges:
+                if ip.block_of[e.dst] == blk and e.transient is not None:
+                    expr = recomputed()
+                    expr.add(b.pair_vars(land(e.src), land(e.dst)).ravel(), e.transient.ravel().astype(float))
+                    b.tops.append((expr, saved_max + float(e.transient.max())))
+            src = ip.block_input[blk]
+            b.memory.add(np.array([c]) if src is None else land(src), ip.input_bytes[blk].astype(float))
+            for e in ip.edges:
+                if ip.block_of[e.dst] == blk:
+                    b.pair_cost(land(e.src), land(e.dst), e.recompute, b.time)
+    model = b.finish(mode, budget)
+
+    def extract(x: np.ndarray) -> tuple[list[int], list[int]]:
+        choice = [0 if len(ind) == 1 and ind[0] == ONE else int(np.argmax(x[ind])) for ind in s]
+        return choice, [blk for blk, c in enumerate(flags) if x[c] > 0.5]
+
+    return BuiltModel(model, b.unit, extract, b.scale)
+
+
+def flat_size(ip: IndexedProblem) -> int:
+    """The number of integer (node and checkpoint) variables the flat ILP would have."""
+    nodes = sum(n for n in ip.sizes if n > 1)
+    return nodes + (len(ip.block_nodes) if ip.checkpointing else 0)

@@ -1,0 +1,208 @@
+"""An integer-indexed, validated view of a `Problem`, shared by every solver.
+
+Solvers work on node indices and numpy arrays rather than names and dataclasses. Building the view checks
+the problem once (unknown names, shape mismatches, a node in two blocks, negative bytes...) and raises a
+`ProblemError` that says what is wrong, so the solvers can rely on a well-formed input. Parallel edges
+between the same pair of nodes are merged (their matrices summed): the formulas only ever add them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.errors import PlannerError
+from planner.search.solve.problem import Problem
+
+__all__ = ["ProblemError", "IndexedEdge", "IndexedProblem"]
+
+
+class ProblemError(PlannerError, ValueError):
+    """The `Problem` handed to a solver is malformed; the message names the offending node/edge/block."""
+
+
+@dataclass(frozen=True)
+class IndexedEdge:
+    """A merged edge: src/dst node indices, forward+backward cost and checkpoint recompute matrices."""
+
+    src: int
+    dst: int
+    cost: np.ndarray
+    recompute: np.ndarray
+    transient: np.ndarray | None = None  # int64 working-set bytes per choice pair (None: all zero)
+
+
+def _finite(values: np.ndarray, what: str) -> None:
+    if not np.all(np.isfinite(values)):
+        raise ProblemError(f"{what} contains NaN or infinite values; costs must be finite numbers")
+
+
+def _bytes_array(values: list[int], what: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.int64)
+    if np.any(arr < 0):
+        raise ProblemError(f"{what} has negative bytes {values}; memory sizes must be >= 0")
+    return arr
+
+
+class IndexedProblem:
+    """Validated arrays of a `Problem`.
+
+    Per node v: `sizes[v]` choices and arrays `time[v]`, `recompute[v]`, `state[v]`, `saved[v]`,
+    `transient[v]` indexed by choice. Per block b: `block_nodes[b]` (node indices in the block's order),
+    `block_input[b]` (the input node's index or None) and `input_bytes[b]` (indexed by the input node's
+    choice; one entry, choice 0, when the block has no input node). `block_of[v]` is v's block or -1.
+    """
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.budget = int(problem.budget_bytes)
+        if self.budget < 0:
+            raise ProblemError(f"budget_bytes is {problem.budget_bytes}; it must be >= 0")
+        self.checkpointing = bool(problem.checkpointing)
+        self.names: list[str] = [n.name for n in problem.nodes]
+        self.index: dict[str, int] = {}
+        for i, name in enumerate(self.names):
+            if name in self.index:
+                raise ProblemError(f"node name {name!r} appears twice; node names must be unique")
+            self.index[name] = i
+        self._read_nodes()
+        self.labels: list[np.ndarray | None] = []
+        for node in problem.nodes:
+            if node.labels is not None and len(node.labels) != len(node.choices):
+                raise ProblemError(f"node {node.name!r} has {len(node.labels)} labels for {len(node.choices)} choices")
+            self.labels.append(None if node.labels is None else np.array(node.labels, dtype=object))
+        self._read_edges()
+        self._read_blocks()
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def _read_nodes(self) -> None:
+        self.sizes: list[int] = []
+        self.time: list[np.ndarray] = []
+        self.recompute: list[np.ndarray] = []
+        self.state: list[np.ndarray] = []
+        self.saved: list[np.ndarray] = []
+        self.transient: list[np.ndarray] = []
+        for node in self.problem.nodes:
+            if not node.choices:
+                raise ProblemError(f"node {node.name!r} has no choices; give it at least one option")
+            self.sizes.append(len(node.choices))
+            self.time.append(np.array([c.time_s for c in node.choices], dtype=float))
+            self.recompute.append(np.array([c.recompute_s for c in node.choices], dtype=float))
+            _finite(self.time[-1], f"node {node.name!r} time_s")
+            _finite(self.recompute[-1], f"node {node.name!r} recompute_s")
+            self.state.append(_bytes_array([c.state_bytes for c in node.choices], f"node {node.name!r} state"))
+            self.saved.append(_bytes_array([c.saved_bytes for c in node.choices], f"node {node.name!r} saved"))
+            self.transient.append(
+                _bytes_array([c.transient_bytes for c in node.choices], f"node {node.name!r} transient")
+            )
+
+    def _node(self, name: str, where: str) -> int:
+        if name not in self.index:
+            raise ProblemError(f"{where} names node {name!r}, which is not in problem.nodes")
+        return self.index[name]
+
+    def _read_edges(self) -> None:
+        merged: dict[tuple[int, int], list[np.ndarray]] = {}
+        for e in self.problem.edges:
+            src, dst = self._node(e.src, f"edge {e.src}->{e.dst}"), self._node(e.dst, f"edge {e.src}->{e.dst}")
+            if src == dst:
+                raise ProblemError(f"edge {e.src}->{e.dst} is a self-loop; edges join two different nodes")
+            shape = (self.sizes[src], self.sizes[dst])
+            cost = np.asarray(e.cost_s, dtype=float)
+            rec = np.asarray(e.recompute_s, dtype=float)
+            for what, mat in (("cost_s", cost), ("recompute_s", rec)):
+                if mat.shape != shape:
+                    raise ProblemError(
+                        f"edge {e.src}->{e.dst} {what} has shape {mat.shape}; expected {shape} "
+                        f"(choices of {e.src} x choices of {e.dst})"
+                    )
+                _finite(mat, f"edge {e.src}->{e.dst} {what}")
+            work = None
+            if e.transient_bytes is not None:
+                work = np.asarray(e.transient_bytes)
+                if work.shape != shape:
+                    raise ProblemError(f"edge {e.src}->{e.dst} transient_bytes has shape {work.shape}; expected {shape}")
+                work = _bytes_array(work, f"edge {e.src}->{e.dst} transient_bytes")
+                work = work if work.any() else None
+            if (src, dst) in merged:  # times add up; working sets do not coexist: the larger counts
+                m = merged[(src, dst)]
+                m[0], m[1] = m[0] + cost, m[1] + rec
+                m[2] = work if m[2] is None else (m[2] if work is None else np.maximum(m[2], work))
+            else:
+                merged[(src, dst)] = [cost, rec, work]
+        self.edges: list[IndexedEdge] = [IndexedEdge(s, d, m[0], m[1], m[2]) for (s, d), m in merged.items()]
+
+    def _read_blocks(self) -> None:
+        self.block_names: list[str] = []
+        self.block_nodes: list[list[int]] = []
+        self.block_input: list[int | None] = []
+        self.input_bytes: list[np.ndarray] = []
+        self.block_of: list[int] = [-1] * self.n
+        seen: set[str] = set()
+        for b, block in enumerate(self.problem.blocks):
+            if block.name in seen:
+                raise ProblemError(f"block name {block.name!r} appears twice; block names must be unique")
+            seen.add(block.name)
+            if not block.nodes:
+                raise ProblemError(f"block {block.name!r} has no nodes")
+            members = [self._node(name, f"block {block.name!r}") for name in block.nodes]
+            for v in members:
+                if self.block_of[v] != -1:
+                    raise ProblemError(
+                        f"node {self.names[v]!r} is listed in blocks {self.block_names[self.block_of[v]]!r} "
+                        f"and {block.name!r} (or twice in one); a node belongs to at most one block"
+                    )
+                self.block_of[v] = b
+            src = None if block.input_node is None else self._node(block.input_node, f"block {block.name!r} input")
+            if src is not None and self.block_of[src] == b:
+                raise ProblemError(f"block {block.name!r} input_node {block.input_node!r} is inside the block")
+            expected = 1 if src is None else self.sizes[src]
+            given = list(block.input_bytes) or ([0] if src is None else [])
+            if len(given) != expected:
+                raise ProblemError(
+                    f"block {block.name!r} input_bytes has {len(given)} entries; expected {expected} "
+                    f"(one per choice of its input node, or at most one when input_node is None)"
+                )
+            self.block_names.append(block.name)
+            self.block_nodes.append(members)
+            self.block_input.append(src)
+            self.input_bytes.append(_bytes_array(given, f"block {block.name!r} input_bytes"))
+        for v, node in enumerate(self.problem.nodes):
+            owner = self.block_names[self.block_of[v]] if self.block_of[v] >= 0 else None
+            if node.block is not None and node.block != owner:
+                raise ProblemError(
+                    f"node {node.name!r} says it is in block {node.block!r} but "
+                    + (f"block {owner!r} lists it" if owner else "no block lists it")
+                    + "; make ProblemNode.block agree with Block.nodes"
+                )
+
+    def block_index(self, name: str) -> int:
+        """The index of the block called `name` (ProblemError if unknown)."""
+        try:
+            return self.block_names.index(name)
+        except ValueError:
+            raise ProblemError(f"unknown block {name!r}; known blocks: {self.block_names}") from None
+
+    def time_magnitude(self) -> float:
+        """An upper bound on |step time| of any assignment, used to scale ILP objectives."""
+        total = sum(float(np.max(np.abs(t))) + float(np.max(np.abs(r))) for t, r in zip(self.time, self.recompute))
+        total += sum(float(np.max(np.abs(e.cost))) + float(np.max(np.abs(e.recompute))) for e in self.edges)
+        return total if total > 0 else 1.0
+
+    def memory_magnitude(self) -> int:
+        """An upper bound on the bytes of any memory term (for choosing the ILP's memory unit)."""
+        per_node = [int(s.max() + v.max() + t.max()) for s, v, t in zip(self.state, self.saved, self.transient)]
+        total = sum(per_node) + sum(int(b.max()) for b in self.input_bytes)
+        total += max((int(e.transient.max()) for e in self.edges if e.transient is not None), default=0)
+        return max(total, self.budget, 1)
+
+    def memory_unit(self) -> int:
+        """A power of two such that memory terms in that unit stay below 2^24: well scaled next to the 0/1
+        variables, and with the solvers' feasibility tolerance (1e-9 here) far below one byte up to
+        petabytes, so the memory row can be exact in whole bytes."""
+        return 1 << max(0, math.ceil(math.log2(self.memory_magnitude() / 2**24)))

@@ -1,0 +1,61 @@
+"""The smallest budget any assignment fits in: minimise peak memory exactly.
+
+Peaks are whole bytes, so a minimum is proven when the solver's lower bound is within half a byte of the
+re-evaluated peak of its best assignment. When the bound does not prove it (a time limit, tolerances),
+the budget "one byte less" is tried until it is infeasible.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from planner.search.solve.evaluate import evaluate_indexed
+from planner.search.solve.ilp import BuiltModel
+from planner.search.solve.indexed import IndexedProblem
+from planner.search.solve.milp import solve_milp
+
+__all__ = ["LeastMemory", "least_memory"]
+
+Build = Callable[[str, "int | None"], BuiltModel]
+
+
+@dataclass
+class LeastMemory:
+    """peak_bytes of the least-memory assignment found; proven says it is the exact minimum."""
+
+    peak_bytes: int | None
+    choice: list[int]
+    checkpointed: list[int]
+    proven: bool
+    message: str = ""
+
+
+def least_memory(ip: IndexedProblem, build: Build, *, solver: str, deadline: float) -> LeastMemory:
+    """Minimise peak memory over all assignments with the models `build("memory", cap)` gives."""
+    built = build("memory", None)
+    res = solve_milp(
+        built.model, solver=solver, time_limit=deadline - time.perf_counter(), rel_gap=0.0, abs_gap=0.25 / built.unit
+    )
+    if res.x is None:
+        return LeastMemory(None, [], [], False, f"least-memory solve failed: {res.status} {res.message}".strip())
+    choice, ckpt = built.extract(res.x)
+    peak = evaluate_indexed(ip, choice, ckpt)[1]
+    proven = res.status == "optimal" and res.bound * built.unit >= peak - 0.5
+    while not proven and time.perf_counter() < deadline:
+        built = build("memory", peak - 1)
+        res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), rel_gap=0.0,
+                         abs_gap=0.25 / built.unit)
+        if res.status == "infeasible":
+            proven = True
+        elif res.x is not None:
+            new_choice, new_ckpt = built.extract(res.x)
+            new_peak = evaluate_indexed(ip, new_choice, new_ckpt)[1]
+            if new_peak >= peak:  # solver tolerance let the same peak through: cannot do better here
+                break
+            choice, ckpt, peak = new_choice, new_ckpt, new_peak
+        else:
+            break
+    message = "" if proven else f"smallest feasible budget {peak} B is an upper bound (not proven minimal)"
+    return LeastMemory(peak, choice, ckpt, proven, message)

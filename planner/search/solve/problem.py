@@ -1,0 +1,116 @@
+"""The optimisation problem the solvers see: plain numbers, no torch, no layouts.
+
+The plan builder (`planner.search.build`) turns a captured graph and its costed strategies into a `Problem`:
+one `ProblemNode` per decision (a heavy op together with the element-wise and shape ops that follow it),
+one `ProblemEdge` per data dependency between decisions with a redistribution-cost matrix, and the
+checkpointable blocks. Solvers return a `Solution`. Keeping this boundary numeric lets the solvers be
+tested against brute force on random instances.
+
+Memory model (per rank, bytes), for a choice of one option per node and a set C of checkpointed blocks:
+
+    peak = sum_v state[v]                                    (model states)
+         + sum_{v not in a block of C} saved[v]               (saved activations)
+         + sum_{b in C} input_bytes[b][choice of b.input_node] (a checkpointed block keeps its input)
+         + max( max_v transient[v],                            (largest temporary buffer)
+                max_e transient[e][choice(src), choice(dst)],  (a layout conversion's working set)
+                max_{b in C} ( sum_{v in b} saved[v]           (a checkpointed block's recomputed
+                               + max_{v in b} work[v] ) )      activations, alive during its backward
+                                                               beside the working set of each of its ops)
+    where work[v] = max(transient[v], transient[e] of the edges e into v): an upper bound of the plan's
+    accounting, which adds to each op only the activations recomputed up to it.
+
+Time (seconds of one training step):
+
+    time = sum_v time[v] + sum_e cost[e][choice(src), choice(dst)]
+         + sum_{b in C} ( sum_{v in b} recompute[v] + sum_{e into or inside b} recompute[e][.,.] )
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "Problem", "Solution"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One option of one node: its seconds and bytes (see the module docstring)."""
+
+    time_s: float
+    recompute_s: float
+    state_bytes: int
+    saved_bytes: int
+    transient_bytes: int
+
+
+@dataclass
+class ProblemNode:
+    """A decision: its options, its block, and optionally a label per option (the scheme of its heavy
+    op): a solver may look for good assignments that use one group of labels throughout."""
+
+    name: str
+    choices: list[Choice]
+    block: str | None = None
+    labels: list[str] | None = None
+
+
+@dataclass
+class ProblemEdge:
+    """Data flowing from node `src` to node `dst`; cost_s[i, j] is the redistribution time (forward +
+    backward) when src takes choice i and dst choice j; recompute_s[i, j] the extra when dst's block is
+    checkpointed (the forward part runs again); transient_bytes[i, j] the working set of that
+    conversion (its staging buffers and output), a candidate for the max term (None: no conversion
+    needs memory)."""
+
+    src: str
+    dst: str
+    cost_s: np.ndarray
+    recompute_s: np.ndarray
+    transient_bytes: np.ndarray | None = None
+
+
+@dataclass
+class Block:
+    """A checkpointable block: its nodes, and the node outside it that feeds it, whose output it keeps
+    when checkpointed (input_bytes[i] when that node takes choice i). `cls` groups identical blocks
+    (same ops, shapes and costs) so the solver may exploit the repetition."""
+
+    name: str
+    nodes: list[str]
+    input_node: str | None
+    input_bytes: list[int]
+    cls: str = ""
+
+
+@dataclass
+class Problem:
+    nodes: list[ProblemNode]
+    edges: list[ProblemEdge]
+    blocks: list[Block]
+    budget_bytes: int
+    checkpointing: bool = True
+    # groups of labels (e.g. ("1d_col", "1d_row")) worth trying on every labelled node at once
+    uniform_groups: list[tuple[str, ...]] = field(default_factory=list)
+
+
+@dataclass
+class Solution:
+    """status: "optimal", "feasible" (time limit hit, gap > 0), "infeasible" or "error".
+
+    `method` says how it was found ("flat", "two_level", "brute_force"); `message` explains an "error"
+    status or an unproven figure in plain words (empty otherwise).
+    """
+
+    status: str
+    choice: dict[str, int] = field(default_factory=dict)
+    checkpointed: list[str] = field(default_factory=list)
+    objective: float = float("nan")
+    gap: float = 0.0
+    seconds: float = 0.0
+    solver: str = ""
+    peak_bytes: int = 0
+    min_feasible_budget: int | None = None
+    method: str = ""
+    message: str = ""

@@ -1,0 +1,1 @@
+"""Stage 5, verify: run the parallel model beside the dense one and compare (run), with the measuring it uses (measure, measure_memory), the predicted collectives (predict), the report (report) and the process-group start-up and failure guard (guard)."""
