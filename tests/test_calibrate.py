@@ -217,14 +217,12 @@ def _stalled_rank(rank: int, out: str) -> None:
 
 @pytest.mark.distributed
 def test_a_stalled_rank_fails_the_others_within_the_timeout(tmp_path: Path) -> None:
-    import time
 
-    from tests.distributed import RankError, run_ranks
+    from tests.distributed import RankError, RankTimeout, run_ranks
 
-    start = time.monotonic()
     with pytest.raises(RankError) as info:
-        run_ranks(_stalled_rank, world_size=4, timeout_s=60, args=(str(tmp_path / "p.json"),))
-    assert time.monotonic() - start < 40  # the 3 s collective timeout fired, not the harness's 60 s
+        run_ranks(_stalled_rank, world_size=4, timeout_s=120, args=(str(tmp_path / "p.json"),))
+    assert not isinstance(info.value, RankTimeout)  # the 3 s collective timeout fired, not the harness's
     assert "timed out" in str(info.value).lower() or "timeout" in str(info.value).lower()
     assert not (tmp_path / "p.json").exists()
 

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models.errors import PlannerError
 from cost_models.mesh import Mesh
 from cost_models.redistribution import COLLECTIVE_KINDS
 from planner.cli.registry import arg, command
@@ -36,7 +37,7 @@ from planner.units import BudgetError, parse_bytes
 __all__ = ["CalibrateError", "CalibrateConfig", "CALIBRATE_ARGS", "config_from_args", "calibrate_command", "main"]
 
 
-class CalibrateError(ValueError):
+class CalibrateError(PlannerError, ValueError):
     """A calibration setting that cannot work (names the option and a value that would)."""
 
 
@@ -166,13 +167,17 @@ def calibrate_command(args: argparse.Namespace) -> int:
     A bad argument fails on every rank before the process group exists; under torchrun only rank 0 reports
     it (the others exit with the same status silently), so the message is printed once.
     """
+    from cost_models.files import check_output_path
     from cost_models.hardware import load_profile
 
     try:
         config = config_from_args(args)
         if config.base is not None:
             load_profile(config.base)
-    except ValueError:
+        check_output_path(args.out, "the hardware profile")  # before a minute of measuring, not after
+        if args.samples:
+            check_output_path(args.samples, "the calibration samples")
+    except PlannerError:
         if os.environ.get("RANK", "0") != "0":
             return 2
         raise

@@ -22,11 +22,12 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from cost_models.ops import OpNode, ParamInfo, TensorMeta
+from cost_models.errors import PlannerError
+from cost_models.ops import DTYPE_BYTES, OpNode, ParamInfo, TensorMeta
 from planner.trace.graph import BlockInfo
 from planner.trace.ops import Act, Call, Param, classify
 
-__all__ = ["OpBuilder", "PathFailure", "tensor_meta", "dtype_name", "canonical_names", "find_blocks",
+__all__ = ["OpBuilder", "PathFailure", "tensor_meta", "dtype_name", "TORCH_DTYPES", "torch_dtype", "canonical_names", "find_blocks",
            "assign_blocks", "where", "where_in_stack", "first_line", "describe_node", "SymbolicShapeError"]
 
 # Ops that, applied to a parameter alone, give a view or cast of it rather than an activation.
@@ -47,7 +48,20 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-class SymbolicShapeError(ValueError):
+# The dtypes a plan or an input spec may name: a closed table built once from the project's own list
+# (the keys of cost_models.ops.DTYPE_BYTES), so a name read from a file is never looked up on the torch module.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    name: d for name in DTYPE_BYTES if isinstance(d := getattr(torch, name, None), torch.dtype)}
+
+
+def torch_dtype(name: object) -> torch.dtype | None:
+    """The torch dtype for a name of TORCH_DTYPES (or a torch.dtype itself); None for anything else."""
+    if isinstance(name, torch.dtype):
+        return name
+    return TORCH_DTYPES.get(name) if isinstance(name, str) else None
+
+
+class SymbolicShapeError(PlannerError, ValueError):
     """A traced tensor whose shape depends on tensor values (torch.nonzero, boolean masks...)."""
 
 
