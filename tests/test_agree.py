@@ -1,4 +1,4 @@
-"""Ranks agree before they talk (`planner.agree`): ranks that load different plans, or one that never
+"""Ranks agree before they talk (`planner.apply.agree`): ranks that load different plans, or one that never
 arrives, stop with one RankMismatchError on every rank naming the ranks, instead of hanging in a
 mismatched collective (issue: rank 3 of 4 with an fsdp plan hung every rank until killed)."""
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 from distributed import run_ranks
 
-from planner.agree import RankMismatchError, agree
 from planner.api import plan
+from planner.apply.agree import RankMismatchError, agree
 from planner.models.mlp import build_mlp
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -108,7 +108,7 @@ def test_planner_verify_with_a_different_plan_on_rank_3_ends_on_every_rank(tmp_p
 
 
 def _calibrate_with_rank_3_different(rank: int, out: str) -> str:
-    from planner.calibrate.command import CalibrateConfig
+    from planner.calibrate.config import CalibrateConfig
     from planner.calibrate.run import run
 
     config = CalibrateConfig(min_bytes=4096, max_bytes=(32 if rank == 3 else 16) * 1024, reps=1, passes=1,

@@ -16,7 +16,7 @@ from cost_models.comm import collective_seconds
 from cost_models.hardware import ProfileError, load_profile
 from cost_models.mesh import Mesh, candidate_meshes
 from cost_models.strategy import Collective
-from planner.calibrate.command import CalibrateConfig, CalibrateError
+from planner.calibrate.config import CalibrateConfig, CalibrateError
 from planner.calibrate.fit import Sample, predict_seconds
 from planner.calibrate.measure import Series, axis_groups
 from planner.calibrate.run import Calibration, build_profile, fit_calibration
@@ -263,7 +263,7 @@ def test_module_runs_alone_as_one_rank(tmp_path: Path) -> None:
     # Without torchrun: one rank, no collective to time; compute and memory are still measured.
     out = tmp_path / "p.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
-    proc = subprocess.run([sys.executable, "-m", "planner.calibrate.command", "--out", str(out), "--base", "cpu-gloo",
+    proc = subprocess.run([sys.executable, "-m", "planner.cli.calibrate", "--out", str(out), "--base", "cpu-gloo",
                            "--compute-seconds", "0.05"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

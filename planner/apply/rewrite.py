@@ -33,7 +33,7 @@ import torch.utils._pytree as pytree
 from cost_models.layout import Layout
 from cost_models.ops import OpNode
 from layers3d.mesh import DeviceMesh
-from planner.agree import AGREE_TIMEOUT_S, agree, inputs_digest, model_digest, plan_digest
+from planner.apply.agree import AGREE_TIMEOUT_S, agree, inputs_digest, model_digest, plan_digest
 from planner.apply.blocks import CheckpointedBlock, extract_blocks
 from planner.apply.graph import rewrite_graph
 from planner.apply.layers import LayerContext, ParamHome, build_layer
@@ -231,7 +231,7 @@ def apply_plan(model: nn.Module, plan: Plan, *, mesh: DeviceMesh | None = None, 
     example_inputs: inputs to capture the model with; by default meta tensors of the shapes in the plan.
     agree_timeout_s: how long this rank waits for the others to arrive at the check below.
     Before anything else every rank checks, over the rendezvous store, that all ranks hold the same plan,
-    model shapes, inputs and world size (`planner.agree`): RankMismatchError names the ranks that differ.
+    model shapes, inputs and world size (`planner.apply.agree`): RankMismatchError names the ranks that differ.
     Raises PlanMismatchError for a plan made for another model, world size or plan format.
     """
     if inputs not in INPUT_MODES:

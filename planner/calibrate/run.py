@@ -26,7 +26,7 @@ from cost_models.files import write_atomic
 from cost_models.hardware import LINKS, PEAK_DTYPES, HardwareProfile, load_profile
 from cost_models.mesh import candidate_meshes
 from cost_models.redistribution import COLLECTIVE_KINDS
-from planner.calibrate.command import CalibrateConfig, CalibrateError
+from planner.calibrate.config import CalibrateConfig, CalibrateError
 from planner.calibrate.fit import MIN_BETA, Fit, FitError, Sample, fit_alpha_beta, format_fit_table
 from planner.calibrate.measure import (
     Series,
@@ -307,7 +307,7 @@ def run(config: CalibrateConfig, out: str, *, samples_out: str | None = None,
     """
     created = _init_process_group(config.timeout_s)
     try:
-        from planner.agree import agree, text_digest
+        from planner.apply.agree import agree, text_digest
 
         # Ranks with other settings would time other collectives: agree before the first one.
         agree({"settings": f"{text_digest(repr(config))} (sizes {config.min_bytes}-{config.max_bytes} B, kinds "

@@ -27,7 +27,7 @@ from planner.cli.registry import COMMANDS
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 # Modules whose import registers subcommands, in the order `planner --help` lists them.
-COMMAND_MODULES = ("planner.cli.plan", "planner.cli.explain", "planner.cli.frontier", "planner.calibrate.command",
+COMMAND_MODULES = ("planner.cli.plan", "planner.cli.explain", "planner.cli.frontier", "planner.cli.calibrate",
                    "planner.verify.run")
 
 EXIT_USER_ERROR = 2

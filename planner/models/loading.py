@@ -92,7 +92,7 @@ def get_example(name: str, *, device: str | torch.device | None = None, **overri
 
 
 def _dtype(d: Any) -> torch.dtype:
-    from planner.trace.common import TORCH_DTYPES, torch_dtype
+    from planner.dtypes import TORCH_DTYPES, torch_dtype
 
     found = torch_dtype(d)
     if found is None:

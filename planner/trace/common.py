@@ -23,7 +23,8 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from cost_models.errors import PlannerError
-from cost_models.ops import DTYPE_BYTES, OpNode, ParamInfo, TensorMeta
+from cost_models.ops import OpNode, ParamInfo, TensorMeta
+from planner.dtypes import TORCH_DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
 from planner.trace.graph import BlockInfo
 from planner.trace.ops import Act, Call, Param, classify
 
@@ -41,24 +42,6 @@ class PathFailure(Exception):
     def __init__(self, path: str, where: str, reason: str) -> None:
         super().__init__(f"{path}: {where}: {reason}")
         self.path, self.where, self.reason = path, where, reason
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """torch.float32 -> "float32"."""
-    return str(dtype).removeprefix("torch.")
-
-
-# The dtypes a plan or an input spec may name: a closed table built once from the project's own list
-# (the keys of cost_models.ops.DTYPE_BYTES), so a name read from a file is never looked up on the torch module.
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    name: d for name in DTYPE_BYTES if isinstance(d := getattr(torch, name, None), torch.dtype)}
-
-
-def torch_dtype(name: object) -> torch.dtype | None:
-    """The torch dtype for a name of TORCH_DTYPES (or a torch.dtype itself); None for anything else."""
-    if isinstance(name, torch.dtype):
-        return name
-    return TORCH_DTYPES.get(name) if isinstance(name, str) else None
 
 
 class SymbolicShapeError(PlannerError, ValueError):

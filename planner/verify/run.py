@@ -83,14 +83,14 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
                agree_timeout_s: float = 300.0) -> int:
     """The per-rank body of `planner verify` inside an initialised process group; returns the exit status
     (the same on every rank). Rank 0 writes the report to `out` (default stdout). Before the first
-    collective all ranks agree (`planner.agree`) on the plan, the model, the inputs, the world size and
+    collective all ranks agree (`planner.apply.agree`) on the plan, the model, the inputs, the world size and
     the settings; ranks that differ are named on every rank."""
     import torch
     import torch.distributed as dist
 
     from layers3d.comm import CommCounter
     from layers3d.inflight import tracked
-    from planner.agree import agree, inputs_digest, model_digest, plan_digest
+    from planner.apply.agree import agree, inputs_digest, model_digest, plan_digest
     from planner.apply.rewrite import apply_plan, check_inputs
     from planner.apply.state import gather_grads, gather_state_dict
     from planner.plans.format import Plan
