@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from cost_models.errors import PlannerError
 from cost_models.hardware import HardwareProfile
 from cost_models.mesh import Mesh
 from cost_models.strategy import Collective
@@ -33,7 +34,7 @@ from cost_models.strategy import Collective
 __all__ = ["ring_seconds", "collective_seconds", "total_seconds", "link_of", "CommError"]
 
 
-class CommError(ValueError):
+class CommError(PlannerError, ValueError):
     """A collective that the alpha-beta model cannot price (unknown kind or negative size)."""
 
 

@@ -43,8 +43,9 @@ Rule = Callable[..., Iterator[Any]]  # (op, mesh, candidates, device) -> offers 
 CORE_KINDS = ("input", "output", "other")
 
 
-class FamilyError(ValueError):
-    """An op family registered twice, or two families claiming one module type."""
+class FamilyError(Exception):
+    """An op family registered twice, or two families claiming one module type: a bug in the code that
+    registers them (not a user error, so not a PlannerError)."""
 
 
 @dataclass(frozen=True)

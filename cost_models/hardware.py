@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cost_models.errors import PlannerError
+from cost_models.files import write_atomic
 
 __all__ = ["HardwareProfile", "ProfileError", "load_profile", "BUILTIN_PROFILES", "LINKS", "PEAK_DTYPES",
            "BROADCAST_ALGORITHMS"]
@@ -38,9 +40,14 @@ _MAX_PEAK_FLOPS = 1e17           # 100 PFLOP/s per rank (a B200 runs about 2.25e
 _MAX_MEM_BANDWIDTH = 1e15        # 1 PB/s per rank (a B200 has 8e12 B/s)
 _MAX_ALPHA_S = 1.0               # one ring step's latency: microseconds on real links
 _BETA_RANGE = (1e-15, 1e-3)      # seconds per byte: links from 1 PB/s down to 1 KB/s
+# Lower limits likewise: below them a step time is astronomically long (a typo such as efficiency 1e-300).
+_MIN_EFFICIENCY = 1e-3           # 0.1 % of peak; real large matmuls reach 30-80 %
+_MIN_PEAK_FLOPS = 1e6            # 1 MFLOP/s per rank (a CPU core runs about 1e10)
+_MIN_MEM_BANDWIDTH = 1e3         # 1 KB/s, as the slowest link of _BETA_RANGE
+_MAX_PROFILE_BYTES = 16 * 2**20  # a profile file is a few KB; more is not a profile
 
 
-class ProfileError(ValueError):
+class ProfileError(PlannerError, ValueError):
     """A hardware profile that is missing, malformed or physically impossible (says which field)."""
 
 
@@ -190,22 +197,10 @@ class HardwareProfile:
             raise ProfileError(f"malformed hardware profile: {e}") from None
 
     def save(self, path: str | os.PathLike, atomic: bool = True) -> None:
-        """Write the profile as JSON; with `atomic`, through a temporary file renamed into place so a
-        reader never sees a half-written file."""
-        text = json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
-        target = Path(path)
-        if not atomic:
-            target.write_text(text)
-            return
-        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent or ".")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        """Write the profile as JSON through `cost_models.files.write_atomic` (a reader never sees a
+        half-written file; a path that is not a regular file is refused). `atomic` is kept for callers
+        that pass it; every write is atomic."""
+        write_atomic(path, json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n", "the hardware profile")
 
 
 def _num(value: Any, what: str) -> float:
@@ -239,13 +234,20 @@ def _validate(p: HardwareProfile) -> None:
             raise ProfileError(f"profile {p.name!r}: unknown peak_flops dtype {k!r}; use {PEAK_DTYPES}")
         if not (v > 0 and math.isfinite(v)):
             raise ProfileError(f"profile {p.name!r}: peak_flops[{k}] must be positive, got {v}")
+        if v < _MIN_PEAK_FLOPS:
+            raise ProfileError(f"profile {p.name!r}: peak_flops[{k}] = {v:g} FLOP/s per rank is below any device "
+                               f"(at least {_MIN_PEAK_FLOPS:g}); give FLOP/s, e.g. 3.12e14 for 312 TFLOP/s")
         if v > _MAX_PEAK_FLOPS:
             raise ProfileError(f"profile {p.name!r}: peak_flops[{k}] = {v:g} FLOP/s per rank is beyond any device "
                                f"(at most {_MAX_PEAK_FLOPS:g}); give FLOP/s, e.g. 3.12e14 for 312 TFLOP/s")
-    if not (0 < p.efficiency <= 1):
-        raise ProfileError(f"profile {p.name!r}: efficiency must be in (0, 1], got {p.efficiency}")
+    if not (_MIN_EFFICIENCY <= p.efficiency <= 1):
+        raise ProfileError(f"profile {p.name!r}: efficiency must be in [{_MIN_EFFICIENCY:g}, 1] (the achieved "
+                           f"fraction of peak; 0.3-0.8 for large matmuls), got {p.efficiency:g}")
     if not (p.mem_bandwidth > 0 and math.isfinite(p.mem_bandwidth)):
         raise ProfileError(f"profile {p.name!r}: mem_bandwidth must be positive bytes/s, got {p.mem_bandwidth}")
+    if p.mem_bandwidth < _MIN_MEM_BANDWIDTH:
+        raise ProfileError(f"profile {p.name!r}: mem_bandwidth = {p.mem_bandwidth:g} bytes/s is below any device "
+                           f"(at least {_MIN_MEM_BANDWIDTH:g}); give bytes per second, e.g. 2.039e12 for 2,039 GB/s")
     if p.mem_bandwidth > _MAX_MEM_BANDWIDTH:
         raise ProfileError(f"profile {p.name!r}: mem_bandwidth = {p.mem_bandwidth:g} bytes/s is beyond any device "
                            f"(at most {_MAX_MEM_BANDWIDTH:g}); give bytes per second, e.g. 2.039e12 for 2,039 GB/s")
@@ -365,9 +367,21 @@ def load_profile(name_or_path: str | os.PathLike | HardwareProfile) -> HardwareP
     if not path.is_file():
         raise ProfileError(f"unknown hardware profile {key!r}: not a built-in name (known: "
                            f"{sorted(BUILTIN_PROFILES)}) and no such file")
+    fix = "write it with HardwareProfile.save or `planner calibrate --out`"
     try:
-        data = json.loads(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_PROFILE_BYTES + 1)
+    except OSError as e:
+        raise ProfileError(f"cannot read hardware profile file {key!r}: {e.strerror or e}") from None
+    if len(raw) > _MAX_PROFILE_BYTES:
+        raise ProfileError(f"hardware profile file {key!r} is larger than {_MAX_PROFILE_BYTES // 2**20} MiB: not a "
+                           f"profile; {fix}")
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ProfileError(f"hardware profile file {key!r} is not valid JSON ({e}); write it with "
-                           "HardwareProfile.save or `planner calibrate --out`") from None
+        raise ProfileError(f"hardware profile file {key!r} is not valid JSON ({e}); {fix}") from None
+    except RecursionError:
+        raise ProfileError(f"hardware profile file {key!r} is nested too deeply to be a profile; {fix}") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise ProfileError(f"hardware profile file {key!r} holds a number too long for a profile ({e}); {fix}") from None
     return HardwareProfile.from_json(data)

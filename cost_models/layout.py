@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models.errors import PlannerError
 from cost_models.mesh import Mesh
 
 __all__ = ["Layout", "LayoutError", "split_tokens"]
@@ -26,7 +27,7 @@ __all__ = ["Layout", "LayoutError", "split_tokens"]
 Axes = tuple[str, ...]
 
 
-class LayoutError(ValueError):
+class LayoutError(PlannerError, ValueError):
     """A layout that does not fit a tensor's shape or the mesh."""
 
 

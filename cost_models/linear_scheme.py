@@ -26,6 +26,7 @@ from functools import lru_cache
 from itertools import combinations, permutations
 from typing import Any
 
+from cost_models.errors import PlannerError
 from cost_models.layout import Axes, Layout, split_tokens
 from cost_models.mesh import Mesh
 from cost_models.redistribution import Step, backward_steps, plan_redistribution
@@ -35,7 +36,7 @@ __all__ = ["LinearScheme", "LinearPlan", "LinearSteps", "LinearSchemeError", "li
            "linear_steps"]
 
 
-class LinearSchemeError(ValueError):
+class LinearSchemeError(PlannerError, ValueError):
     """A linear scheme the mesh or the shapes do not allow (names the scheme and what does not divide)."""
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from cost_models.errors import PlannerError
 from cost_models.mesh import Mesh
 from cost_models.ops import DTYPE_BYTES
 from cost_models.redistribution import Step
@@ -44,7 +45,7 @@ BYTES_PER_PARAM = {"fp32_adam": 16, "bf16_mixed": 18, "inference": 2}
 DEVICE_KINDS = ("cuda", "cpu")
 
 
-class MemoryModelError(ValueError):
+class MemoryModelError(PlannerError, ValueError):
     """A memory-model input that makes no sense (unknown device kind or bytes-per-parameter preset)."""
 
 

@@ -15,12 +15,18 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
-__all__ = ["Mesh", "MeshError", "AXIS_NAMES", "candidate_meshes"]
+from cost_models.errors import PlannerError
+
+__all__ = ["Mesh", "MeshError", "AXIS_NAMES", "MAX_WORLD_SIZE", "candidate_meshes", "check_world_size",
+           "prime_factors"]
 
 AXIS_NAMES = ("x", "y", "z", "w")
+# The most ranks a mesh may have: 2**24 (16,777,216) is over 100 times the largest GPU clusters built (about
+# 10**5 GPUs), and keeps every per-rank count of the planner (groups, collective sizes) small and fast.
+MAX_WORLD_SIZE = 2**24
 
 
-class MeshError(ValueError):
+class MeshError(PlannerError, ValueError):
     """A mesh that cannot be built from the given numbers (names the factor that is wrong)."""
 
 
@@ -43,6 +49,9 @@ class Mesh:
         for s in self.shape:
             if not isinstance(s, int) or s < 1:
                 raise MeshError(f"mesh axis sizes must be positive integers, got shape={self.shape}")
+        if math.prod(self.shape) > MAX_WORLD_SIZE:
+            raise MeshError(f"mesh shape {self.shape} has {math.prod(self.shape)} ranks; at most {MAX_WORLD_SIZE} "
+                            "(2**24) are supported")
         if not self.axis_names:
             if len(self.shape) > len(AXIS_NAMES):
                 raise MeshError(f"at most {len(AXIS_NAMES)} mesh axes are supported, got {len(self.shape)}")
@@ -135,23 +144,43 @@ class Mesh:
         return cls(tuple(data["shape"]), tuple(data["axis_names"]), int(data["ranks_per_node"]))
 
 
+def check_world_size(world_size: object) -> int:
+    """`world_size` if it is an int in [1, MAX_WORLD_SIZE]; else MeshError saying the bound and why."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise MeshError(f"world size must be a positive integer, got {world_size!r}")
+    if world_size > MAX_WORLD_SIZE:
+        raise MeshError(f"world size {world_size} is more ranks than the planner supports (at most {MAX_WORLD_SIZE} "
+                        "= 2**24, over 100 times the largest GPU clusters); give the number of GPUs")
+    return world_size
+
+
+def prime_factors(n: int) -> dict[int, int]:
+    """{prime: exponent} of n >= 1 by trial division (n is at most MAX_WORLD_SIZE: at most 2**12 steps)."""
+    out: dict[int, int] = {}
+    p = 2
+    while p * p <= n:
+        while n % p == 0:
+            out[p] = out.get(p, 0) + 1
+            n //= p
+        p += 1 if p == 2 else 2
+    if n > 1:
+        out[n] = out.get(n, 0) + 1
+    return out
+
+
 def candidate_meshes(world_size: int, ranks_per_node: int = 8) -> list[Mesh]:
     """The mesh shapes the planner tries for `world_size` ranks.
 
     Always the flat mesh (N,); a square (q, q) when N = q^2 * d; a cube (q, q, q) when N = q^3 * d, with the
-    data-parallel remainder d as an extra outermost axis when d > 1. Ordered from fewest to most axes.
+    data-parallel remainder d as an extra outermost axis when d > 1. Ordered from fewest to most axes. The
+    largest q with q^k dividing N comes from N's prime factors: q = prod p^(e_p // k).
     """
-    if not isinstance(world_size, int) or world_size < 1:
-        raise MeshError(f"world size must be a positive integer, got {world_size!r}")
+    world_size = check_world_size(world_size)
+    factors = prime_factors(world_size)
     meshes = [Mesh((world_size,), ranks_per_node=ranks_per_node)]
     for dims in (2, 3):
-        best = None
-        q = 2
-        while q**dims <= world_size:
-            if world_size % (q**dims) == 0:
-                best = q
-            q += 1
-        if best is None:
+        best = math.prod(p ** (e // dims) for p, e in factors.items())
+        if best < 2:
             continue
         rest = world_size // best**dims
         shape = ((rest,) if rest > 1 else ()) + (best,) * dims

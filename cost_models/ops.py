@@ -1,6 +1,6 @@
 """What the cost model knows about one op of a captured model: plain data, no torch objects.
 
-`planner.trace.tracer` produces `OpNode`s (one per traced op, in execution order); the cost model reads them.
+`planner.trace.tracer.capture` produces `OpNode`s (one per traced op, in execution order); the cost model reads them.
 Keeping this description here keeps the data flowing one way: capture -> cost -> solve -> plan -> apply.
 """
 

@@ -13,7 +13,8 @@ When a `CommCounter` is active every collective records a `cost_models.strategy.
 ARCHITECTURE bytes convention: the gathered output (all_gather), the unreduced input (reduce_scatter,
 all_reduce), the local tensor (all_to_all, broadcast). The phase is "forward", "backward" (inside
 autograd's backward) or "recompute" (inside `recompute_phase()`, the recompute context that
-`layers3d.checkpoint` gives torch.utils.checkpoint).
+`layers3d.checkpoint` gives torch.utils.checkpoint). Every collective runs inside `layers3d.inflight.tracked`,
+so a watchdog can say which one a rank waits in past its deadline.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from cost_models.strategy import Collective
+from layers3d.inflight import tracked
 from layers3d.mesh import DeviceMesh
 
 __all__ = [
@@ -150,7 +152,8 @@ def all_gather(t: torch.Tensor, dim: int, axes: Sequence[str], mesh: DeviceMesh,
     order = mesh.order(axes)
     t = t.contiguous()
     bufs = [torch.empty_like(t) for _ in order]
-    dist.all_gather(bufs, t, group=mesh.group(axes))
+    with tracked("all_gather", mesh.members(axes), tag):
+        dist.all_gather(bufs, t, group=mesh.group(axes))
     out = cat_chunks([bufs[g] for g in order], dim, interleave)
     _record("all_gather", axes, _nbytes(out), tag)
     return out
@@ -167,7 +170,8 @@ def reduce_scatter(t: torch.Tensor, dim: int, axes: Sequence[str], mesh: DeviceM
     for p, g in enumerate(order):
         ins[g] = chunks[p].contiguous()
     out = torch.empty_like(ins[0])
-    dist.reduce_scatter(out, ins, group=mesh.group(axes))
+    with tracked("reduce_scatter", mesh.members(axes), tag):
+        dist.reduce_scatter(out, ins, group=mesh.group(axes))
     _record("reduce_scatter", axes, _nbytes(t), tag)
     return out
 
@@ -179,7 +183,8 @@ def all_reduce(t: torch.Tensor, axes: Sequence[str], mesh: DeviceMesh, *, tag: s
         return t
     out = t.clone(memory_format=torch.contiguous_format)
     reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
-    dist.all_reduce(out, op=reduce_op, group=mesh.group(axes))
+    with tracked("all_reduce", mesh.members(axes), tag):
+        dist.all_reduce(out, op=reduce_op, group=mesh.group(axes))
     _record("all_reduce", axes, _nbytes(t), tag)
     return out
 
@@ -196,7 +201,8 @@ def all_to_all(t: torch.Tensor, gather_dim: int, scatter_dim: int, axes: Sequenc
     for p, g in enumerate(order):
         ins[g] = chunks[p].contiguous()
     outs = [torch.empty_like(ins[0]) for _ in order]
-    dist.all_to_all(outs, ins, group=mesh.group(axes))
+    with tracked("all_to_all", mesh.members(axes), tag):
+        dist.all_to_all(outs, ins, group=mesh.group(axes))
     _record("all_to_all", axes, _nbytes(t), tag)
     return torch.cat([outs[g] for g in order], gather_dim)
 
@@ -207,6 +213,7 @@ def broadcast(t: torch.Tensor, axes: Sequence[str], mesh: DeviceMesh, *, src: in
     if _trivial(axes, mesh):
         return t
     out = t.clone(memory_format=torch.contiguous_format)
-    dist.broadcast(out, src=mesh.global_rank_at(axes, src), group=mesh.group(axes))
+    with tracked("broadcast", mesh.members(axes), tag):
+        dist.broadcast(out, src=mesh.global_rank_at(axes, src), group=mesh.group(axes))
     _record("broadcast", axes, _nbytes(t), tag)
     return out

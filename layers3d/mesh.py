@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from cost_models.mesh import Mesh
 from layers3d.errors import MeshSetupError
+from layers3d.inflight import tracked
 
 __all__ = ["DeviceMesh"]
 
@@ -47,7 +48,8 @@ class DeviceMesh:
         for k in range(1, len(mesh.axis_names) + 1):
             for axes in itertools.combinations(mesh.axis_names, k):
                 for members in mesh.groups(axes):
-                    pg = dist.new_group(sorted(members))  # collective: every rank calls it, in this order
+                    with tracked("new_group", (), f"mesh {mesh} group over {''.join(axes)}: ranks {sorted(members)}"):
+                        pg = dist.new_group(sorted(members))  # collective: every rank calls it, in this order
                     if self.rank in members:
                         self._groups[axes] = (pg, sorted(members))
 
@@ -96,6 +98,10 @@ class DeviceMesh:
                 ordered.append(self.mesh.rank_of({**fixed, **dict(zip(axes, var))}))
             self._order_cache[axes] = [members.index(r) for r in ordered]
         return self._order_cache[axes]
+
+    def members(self, axes: Sequence[str]) -> list[int]:
+        """Global ranks of this rank's group over the set `axes`, sorted."""
+        return self._groups[self._key(axes)][1]
 
     def global_rank_at(self, axes: Sequence[str], position: int) -> int:
         """Global rank of the member at `position` of this rank's group over `axes` (requested order)."""

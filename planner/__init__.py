@@ -5,7 +5,9 @@
     p.save("plan.json")
     parallel_model = apply_plan(model, Plan.load("plan.json"))   # on every rank, inside a process group
 
-Names are imported on first use, so `import planner` stays cheap and each part can be used alone.
+Names are imported on first use, so `import planner` stays cheap and each part can be used alone. No
+exported name is also the name of a submodule (the capture stage is the package `planner.trace`): importing a
+submodule sets it as an attribute of the package, which would shadow an exported function of that name.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ _EXPORTS = {
     "gather_state_dict": "planner.apply.state",
     "capture": "planner.trace.tracer",
     "CaptureError": "planner.trace.tracer",
+    "PlannerError": "cost_models.errors",
     "ModelGraph": "planner.trace.graph",
     "BlockInfo": "planner.trace.graph",
     "BudgetError": "planner.units",

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from cost_models.errors import PlannerError, PlannerWarning
 from cost_models.hardware import HardwareProfile, load_profile
-from cost_models.memory import BYTES_PER_PARAM
-from cost_models.mesh import Mesh, MeshError, candidate_meshes
+from cost_models.memory import BYTES_PER_PARAM, MemoryModelError
+from cost_models.mesh import Mesh, MeshError, candidate_meshes, check_world_size
 from planner.plans.assemble import assemble_plan
 from planner.plans.format import Plan
 from planner.plans.meshes import MeshResult, plan_mesh, plan_meshes
@@ -21,18 +23,21 @@ from planner.trace.graph import ModelGraph
 from planner.trace.tracer import capture
 from planner.units import parse_bytes
 
-__all__ = ["plan", "InfeasibleError", "WorldSizeError", "resolve_world_size", "resolve_bytes_per_param"]
+__all__ = ["plan", "InfeasibleError", "WorldSizeError", "resolve_world_size", "resolve_bytes_per_param",
+           "warn_about_coverage"]
 
 
-class InfeasibleError(ValueError):
+class InfeasibleError(PlannerError, ValueError):
     """No assignment fits the budget. `min_budget_bytes` is the smallest budget that fits."""
+
+    exit_code = 3
 
     def __init__(self, message: str, min_budget_bytes: int | None):
         super().__init__(message)
         self.min_budget_bytes = min_budget_bytes
 
 
-class WorldSizeError(ValueError):
+class WorldSizeError(PlannerError, ValueError):
     """A world size that is missing or unusable."""
 
 
@@ -46,9 +51,31 @@ def resolve_world_size(world_size: int | None) -> int:
             raise WorldSizeError("world_size is needed: pass world_size=N (or --world-size N), "
                                  "or call plan() inside an initialised torch.distributed process group")
         world_size = int(env) if env.isdigit() else env  # type: ignore[assignment]
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise WorldSizeError(f"world size must be a positive integer, got {world_size!r}")
-    return world_size
+    try:
+        return check_world_size(world_size)
+    except MeshError as e:
+        raise WorldSizeError(str(e)) from None
+
+
+def warn_about_coverage(graph: ModelGraph) -> None:
+    """Warn (PlannerWarning) when the traced model is not a whole training step as the user likely meant it:
+    a floating input of another dtype than the parameters (the real run fails or converts it), or no scalar
+    output (no loss: the loss and its memory are not in the plan)."""
+    param_dtypes = {p.dtype for op in graph.nodes for p in op.params if p.dtype.startswith(("float", "bfloat"))}
+    for op in graph.nodes:
+        if op.kind == "input" and op.out.dtype.startswith(("float", "bfloat")) and param_dtypes \
+                and op.out.dtype not in param_dtypes:
+            warnings.warn(f"input {op.name!r} is {op.out.dtype} but the parameters of {graph.name} are "
+                          f"{', '.join(sorted(param_dtypes))}: the model will fail or convert it when it runs, and "
+                          "the plan prices it as given; pass inputs of the parameters' dtype",
+                          PlannerWarning, stacklevel=3)
+    outputs = [m for op in graph.nodes if op.kind == "output" for m in op.input_meta]
+    if outputs and not any(m.shape == () and m.dtype.startswith(("float", "bfloat")) for m in outputs):
+        shown = ", ".join(f"{list(m.shape)} {m.dtype}" for m in outputs[:3])
+        warnings.warn(f"{graph.name} returns no loss (no scalar output; it returns {shown}): the plan prices its "
+                      "forward and a backward from these outputs, but not the loss a training step computes from "
+                      "them; make forward return the loss (e.g. pass targets) to plan a whole step",
+                      PlannerWarning, stacklevel=3)
 
 
 def resolve_bytes_per_param(value: int | str) -> int:
@@ -58,10 +85,10 @@ def resolve_bytes_per_param(value: int | str) -> int:
         elif value in BYTES_PER_PARAM:
             return BYTES_PER_PARAM[value]
         else:
-            raise ValueError(f"bytes_per_param {value!r}: use a positive integer or one of "
+            raise MemoryModelError(f"bytes_per_param {value!r}: use a positive integer or one of "
                              + ", ".join(f"{k} ({v})" for k, v in BYTES_PER_PARAM.items()))
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"bytes_per_param must be a positive integer, got {value!r}")
+        raise MemoryModelError(f"bytes_per_param must be a positive integer, got {value!r}")
     return value
 
 
@@ -91,10 +118,11 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     hw = hardware if isinstance(hardware, HardwareProfile) else load_profile(hardware)
     kind = device or hw.device
     if kind not in ("cuda", "cpu"):
-        raise ValueError(f"device must be 'cuda' or 'cpu', got {kind!r}")
+        raise MemoryModelError(f"device must be 'cuda' or 'cpu', got {kind!r}")
     allowed = expand_schemes(schemes)
     graph = model if isinstance(model, ModelGraph) else capture(model, example_inputs, input_shapes=input_shapes,
                                                                 name=name)
+    warn_about_coverage(graph)
     mesh_list = list(meshes) if meshes is not None else candidate_meshes(n, hw.gpus_per_node)
     for m in mesh_list:
         if m.world_size != n:

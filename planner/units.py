@@ -14,6 +14,8 @@ import numbers
 import re
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
+from cost_models.errors import PlannerError
+
 __all__ = [
     "BudgetError",
     "parse_bytes",
@@ -37,7 +39,7 @@ ACCEPTED_FORMS = (
     "(KiB MiB GiB TiB PiB are powers of 1024, KB MB GB TB PB powers of 1000; case-insensitive)"
 )
 
-class BudgetError(ValueError):
+class BudgetError(PlannerError, ValueError):
     """A memory budget (or other byte count) that cannot be read; the message lists the accepted forms."""
 
 

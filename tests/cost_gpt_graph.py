@@ -1,6 +1,6 @@
 """Test helpers for the cost-model tests: a GPT layer's OpNodes built by hand, and layout propagation.
 
-`gpt_layer_ops` mirrors what `planner.trace.tracer` produces for one nanoGPT block (same kinds, attrs and node
+`gpt_layer_ops` mirrors what `planner.trace.tracer.capture` produces for one nanoGPT block (same kinds, attrs and node
 names), so the cost model can be checked independently of capture; the captured graph is checked too.
 `assign` walks ops in order, picks a strategy for each heavy op with a caller's predicate, and for every
 other op the strategy that takes its producers' layouts as they are (no conversion), as the plan

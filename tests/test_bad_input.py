@@ -179,7 +179,7 @@ def _profile(tmp_path: Path, **changes: object) -> str:
 @pytest.mark.parametrize(("changes", "message"), [
     ({"inter_beta": None}, "hardware profile 'a100-80gb' is missing field(s) ['inter_beta']"),
     ({"intra_alfa": 1e-6}, "hardware profile 'a100-80gb' has unknown field(s) ['intra_alfa']"),
-    ({"efficiency": 5}, "profile 'a100-80gb': efficiency must be in (0, 1], got 5.0"),
+    ({"efficiency": 5}, "profile 'a100-80gb': efficiency must be in [0.001, 1] (the achieved fraction of peak; 0.3-0.8 for large matmuls), got 5"),
     ({"memory_bytes": -1}, "profile 'a100-80gb': memory_bytes must be positive bytes per rank"),
     ({"memory_bytes": 10**30}, "profile 'a100-80gb': memory_bytes must be positive bytes per rank, at most"),
     ({"peak_flops": {"fp32": 1e25}}, "profile 'a100-80gb': peak_flops[fp32] = 1e+25 FLOP/s per rank is beyond"),

@@ -16,7 +16,7 @@ from cost_models.comm import collective_seconds
 from cost_models.hardware import ProfileError, load_profile
 from cost_models.mesh import Mesh, candidate_meshes
 from cost_models.strategy import Collective
-from planner.calibrate.command import CalibrateConfig, CalibrateError
+from planner.calibrate.config import CalibrateConfig, CalibrateError
 from planner.calibrate.fit import Sample, predict_seconds
 from planner.calibrate.measure import Series, axis_groups
 from planner.calibrate.run import Calibration, build_profile, fit_calibration
@@ -217,14 +217,12 @@ def _stalled_rank(rank: int, out: str) -> None:
 
 @pytest.mark.distributed
 def test_a_stalled_rank_fails_the_others_within_the_timeout(tmp_path: Path) -> None:
-    import time
 
-    from tests.distributed import RankError, run_ranks
+    from tests.distributed import RankError, RankTimeout, run_ranks
 
-    start = time.monotonic()
     with pytest.raises(RankError) as info:
-        run_ranks(_stalled_rank, world_size=4, timeout_s=60, args=(str(tmp_path / "p.json"),))
-    assert time.monotonic() - start < 40  # the 3 s collective timeout fired, not the harness's 60 s
+        run_ranks(_stalled_rank, world_size=4, timeout_s=120, args=(str(tmp_path / "p.json"),))
+    assert not isinstance(info.value, RankTimeout)  # the 3 s collective timeout fired, not the harness's
     assert "timed out" in str(info.value).lower() or "timeout" in str(info.value).lower()
     assert not (tmp_path / "p.json").exists()
 
@@ -265,7 +263,7 @@ def test_module_runs_alone_as_one_rank(tmp_path: Path) -> None:
     # Without torchrun: one rank, no collective to time; compute and memory are still measured.
     out = tmp_path / "p.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
-    proc = subprocess.run([sys.executable, "-m", "planner.calibrate.command", "--out", str(out), "--base", "cpu-gloo",
+    proc = subprocess.run([sys.executable, "-m", "planner.cli.calibrate", "--out", str(out), "--base", "cpu-gloo",
                            "--compute-seconds", "0.05"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

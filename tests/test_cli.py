@@ -21,6 +21,7 @@ from planner.cli.frontier import Curve, budget_sweep, plot_frontier, trace_curve
 from planner.cli.plan import infeasible_error
 from planner.cli.report import Totals, check_totals, plan_totals, summary_table
 from planner.plans.format import Plan
+from planner.search.build import SchemeError
 from planner.units import format_bytes, format_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def test_totals_equal_predicted() -> None:
 
 
 def test_explain_prints_the_ops_and_totals_that_match(plan_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(["explain", str(plan_file)], capsys)
+    code, out, err = _run(["explain", str(plan_file), "--wide"], capsys)
     assert code == 0, err
     p = make_plan().predicted
     total_row = next(line for line in out.splitlines() if "total (4 ops)" in line)
@@ -82,7 +83,7 @@ def test_explain_prints_the_ops_and_totals_that_match(plan_file: Path, capsys: p
 def test_explain_all_shows_follow_ops(plan_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(["explain", str(plan_file), "--all"], capsys)
     assert code == 0
-    assert "h_0_gelu (ckpt)" in out
+    assert "h_0_gelu*" in out  # in a checkpointed block (--wide writes "(ckpt)")
 
 
 def test_explain_flags_a_plan_whose_ops_do_not_add_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -228,7 +229,7 @@ def test_trace_curve_solves_only_inside_the_span() -> None:
 
 def test_trace_curve_notes_a_configuration_that_never_fits() -> None:
     def plan_at(budget: int) -> Plan:
-        raise ValueError("2d needs a square number of ranks")
+        raise SchemeError("2d needs a square number of ranks")
 
     curve = trace_curve("2d (ckpt)", plan_at, _NoFit, [2**30])
     assert curve.points == [] and curve.note == "2d needs a square number of ranks"
@@ -310,3 +311,19 @@ def test_frontier_writes_csv_and_png(tmp_path: Path, capsys: pytest.CaptureFixtu
     for series in ("3d (ckpt)", "3d (no ckpt)"):  # gpt-tiny has a 3D plan on 2x2x2
         assert any(r["series"] == series and r["feasible"] == "True" for r in rows), series
     assert Path(f"{prefix}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_explain_fits_120_columns_and_wide_shows_everything(plan_file: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    plan = make_plan()
+    assert main(["explain", str(plan_file)]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line.rstrip()) for line in out.splitlines()) <= 120
+    assert "strategy" not in out.splitlines()[1] and "time" in out.splitlines()[1]
+    for a in plan.assignments:  # every shown op is on one line of its own
+        if a.scheme != "follow":
+            assert sum(1 for line in out.splitlines() if line.startswith(a.node[:6])) >= 1
+    assert main(["explain", str(plan_file), "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert "strategy" in wide and "comm time" in wide and "recompute" in wide
+    assert all(a.node in wide for a in plan.assignments if a.scheme != "follow")

@@ -118,10 +118,9 @@ def test_results_come_back_from_every_rank() -> None:
 
 @pytest.mark.distributed
 def test_a_rank_that_raises_stops_every_rank_with_its_error() -> None:
-    start = time.monotonic()
     with pytest.raises(RankError) as e:
         run_ranks(_raise_on_rank_3, 8, 30)
-    assert time.monotonic() - start < 20
+    assert not isinstance(e.value, RankTimeout)  # the others were stopped, not left to the harness's timeout
     assert isinstance(e.value.first, ShardingError)
     assert next(iter(e.value.errors)) == 3  # the root cause first
     assert "rank 3 found a bad shape" in str(e.value) and "_raise_on_rank_3" in str(e.value)
@@ -133,21 +132,26 @@ def test_a_taken_port_is_retried_with_another(monkeypatch: pytest.MonkeyPatch) -
 
     import tests.distributed as harness
 
+    real_free_port = harness._free_port
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        ports, used = iter([busy.getsockname()[1], harness._free_port()]), []
-        monkeypatch.setattr(harness, "_free_port", lambda: used.append(next(ports)) or used[-1])
+        taken = busy.getsockname()[1]
+        used: list[int] = []
+
+        def ports() -> int:  # the taken port first, then free ones (a loaded machine may need a third try)
+            used.append(taken if not used else real_free_port())
+            return used[-1]
+
+        monkeypatch.setattr(harness, "_free_port", ports)
         assert run_ranks(lambda rank: rank, 8, 30) == list(range(8))
-    assert len(used) == 2  # the first rendezvous failed on the taken port, the second worked
+    assert used[0] == taken and len(used) >= 2  # the rendezvous on the taken port failed, a later one worked
 
 
 @pytest.mark.distributed
 def test_a_hang_is_killed_at_the_timeout() -> None:
-    start = time.monotonic()
     with pytest.raises(RankTimeout, match=r"ranks \[5\] still running after 3 s"):
         run_ranks(_hang, 8, 3)
-    assert time.monotonic() - start < 15
 
 
 # --- meta-device construction ----------------------------------------------------------------------------------

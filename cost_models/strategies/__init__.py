@@ -26,6 +26,7 @@ from typing import Any
 
 from cost_models.comm import collective_seconds
 from cost_models.compute import roofline_seconds
+from cost_models.errors import PlannerError
 from cost_models.family import family, op_kinds
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
@@ -39,7 +40,7 @@ __all__ = ["registered_kinds", "enumerate_strategies", "op_cost", "op_costs", "o
            "mark_graph_hints", "clear_caches"]
 
 
-class StrategyError(ValueError):
+class StrategyError(PlannerError, ValueError):
     """An op the cost model cannot handle as asked (no rule for its kind, or a strategy it does not offer)."""
 
 

@@ -19,9 +19,13 @@ import torch.nn as nn
 from layers3d.checkpoint import checkpoint
 from planner.apply.graph import BLOCK_KEY
 from planner.apply.values import ApplyError
-from planner.verify.measure import note_kept
 
-__all__ = ["CheckpointedBlock", "extract_blocks"]
+__all__ = ["CheckpointedBlock", "extract_blocks", "KEPT_OBSERVERS"]
+
+# Called with the inputs a checkpointed block keeps for its recomputation (outside autograd's saved
+# tensors, so saved-tensor hooks do not see them). The runtime only announces; a measurement
+# (`planner.verify.measure.SavedActivationMeter`) subscribes while it is active.
+KEPT_OBSERVERS: list[Callable[[tuple[Any, ...]], None]] = []
 
 
 class CheckpointedBlock(nn.Module):
@@ -43,7 +47,8 @@ class CheckpointedBlock(nn.Module):
     def forward(self, *inputs: Any) -> Any:
         if self._body is None:
             raise AssertionError("CheckpointedBlock used before bind()")
-        note_kept(inputs)  # checkpoint keeps its inputs for the recomputation
+        for observe in KEPT_OBSERVERS:  # checkpoint keeps its inputs for the recomputation
+            observe(inputs)
         return checkpoint(self._body, *inputs)
 
     def extra_repr(self) -> str:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -31,16 +33,18 @@ import torch.utils._pytree as pytree
 from cost_models.layout import Layout
 from cost_models.ops import OpNode
 from layers3d.mesh import DeviceMesh
+from planner.apply.agree import AGREE_TIMEOUT_S, agree, inputs_digest, model_digest, plan_digest
 from planner.apply.blocks import CheckpointedBlock, extract_blocks
 from planner.apply.graph import rewrite_graph
 from planner.apply.layers import LayerContext, ParamHome, build_layer
 from planner.apply.values import ApplyError, node_values
 from planner.plans.check import check_layouts
 from planner.plans.format import SCHEMA_VERSION, Plan
+from planner.trace.common import TORCH_DTYPES, dtype_name
 from planner.trace.graph import ModelGraph
 from planner.trace.tracer import capture
 
-__all__ = ["apply_plan", "ParallelModule", "PlanMismatchError", "ApplyError", "INPUT_MODES"]
+__all__ = ["apply_plan", "check_inputs", "ParallelModule", "PlanMismatchError", "ApplyError", "INPUT_MODES"]
 
 INPUT_MODES = ("full", "sharded")
 
@@ -128,12 +132,12 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None) -> Mode
     if world != plan.world_size:
         raise PlanMismatchError(f"the plan is for {plan.world_size} ranks (mesh {plan.mesh}) but the process group "
                                 f"has {world}; re-plan with --world-size {world} or launch {plan.world_size} ranks")
+    check_inputs(model, plan, example_inputs)
     if example_inputs is None:
         if not plan.model.inputs:
             raise PlanMismatchError("the plan does not record the model's input shapes; pass example_inputs= to "
                                     "apply_plan or re-run `planner plan`")
-        device = "meta"
-        example_inputs = {i.name: torch.empty(tuple(i.shape), dtype=getattr(torch, i.dtype), device=device)
+        example_inputs = {i.name: torch.empty(tuple(i.shape), dtype=TORCH_DTYPES[i.dtype], device="meta")
                           for i in plan.model.inputs}
     with _buffers_like_params(model):
         graph = capture(model, example_inputs, name=plan.model.name)
@@ -144,6 +148,52 @@ def check_plan(model: nn.Module, plan: Plan, example_inputs: Any = None) -> Mode
             "architecture, the input shapes or the train/eval mode differ. Re-run `planner plan` for this model")
     check_layouts(graph, plan)  # a plan file edited after planning: layouts that no longer fit the shapes
     return graph
+
+
+def _describe_inputs(entries: list[tuple[str, tuple[int, ...], str]]) -> str:
+    return ", ".join(f"{n} {list(shape)} {dtype}" for n, shape, dtype in entries) or "no tensor inputs"
+
+
+def _names_match(recorded: str, param: str) -> bool:
+    """A traced input name for a forward parameter: the same, or as torch.fx renames it (`input` ->
+    `input_1`, `*args` -> `args_0`)."""
+    return recorded == param or re.fullmatch(re.escape(param) + r"_\d+", recorded) is not None
+
+
+def check_inputs(model: nn.Module, plan: Plan, example_inputs: Any = None) -> None:
+    """Refuse (PlanMismatchError, naming both sides) a plan whose recorded inputs do not fit `model`: an
+    input name its forward does not take, or, given `example_inputs`, tensor inputs of other shapes or
+    dtypes. Checked before the model is captured, so a plan for another model gets this error rather than a
+    capture failure. Collective-free."""
+    recorded = [(i.name, tuple(i.shape), i.dtype) for i in plan.model.inputs]
+    if not recorded:
+        return
+    theirs = f"the plan was made for model {plan.model.name!r} with inputs {_describe_inputs(recorded)}"
+    params = inspect.signature(model.forward).parameters
+    unknown = [n for n, _, _ in recorded if not any(_names_match(n, p) for p in params)]
+    if unknown:
+        raise PlanMismatchError(f"{theirs}, but this model ({type(model).__name__}) takes "
+                                f"({', '.join(params) or 'nothing'}), not {', '.join(unknown)}; plan this model with "
+                                "`planner plan`, or apply the plan to the model it was made for")
+    if example_inputs is None:
+        return
+    if isinstance(example_inputs, Mapping):
+        given = dict(example_inputs)
+    else:
+        args = example_inputs if isinstance(example_inputs, tuple | list) else (example_inputs,)
+        try:
+            given = dict(inspect.signature(model.forward).bind_partial(*args).arguments)
+        except TypeError as e:
+            raise PlanMismatchError(f"{theirs}, but the example inputs do not fit this model's forward: {e}") from None
+    ours = []
+    for name, value in given.items():
+        values = [value] if isinstance(value, torch.Tensor) else list(value) if isinstance(value, tuple | list) else []
+        ours += [(name if len(values) == 1 and v is value else f"{name}_{k}", tuple(v.shape), dtype_name(v.dtype))
+                 for k, v in enumerate(values) if isinstance(v, torch.Tensor)]
+    if Counter((shape, dtype) for _, shape, dtype in recorded) - Counter((shape, dtype) for _, shape, dtype in ours):
+        raise PlanMismatchError(f"{theirs}; this model ({type(model).__name__}) is called with "
+                                f"{_describe_inputs(ours)}; plan it with these inputs (`planner plan`), or apply the "
+                                "plan to the model and inputs it was made for")
 
 
 @contextlib.contextmanager
@@ -172,18 +222,25 @@ def _run_device() -> torch.device:
 
 
 def apply_plan(model: nn.Module, plan: Plan, *, mesh: DeviceMesh | None = None, inputs: str = "full",
-               example_inputs: Any = None) -> ParallelModule:
+               example_inputs: Any = None, agree_timeout_s: float = AGREE_TIMEOUT_S) -> ParallelModule:
     """This rank's parallel version of `model` under `plan` (call it on every rank).
 
     mesh: a `layers3d.DeviceMesh` for plan.mesh (built from it when None: a collective).
     inputs: "full" (every rank passes the whole batch and gets whole outputs) or "sharded" (each rank
         passes and gets its block of the batch dim).
     example_inputs: inputs to capture the model with; by default meta tensors of the shapes in the plan.
+    agree_timeout_s: how long this rank waits for the others to arrive at the check below.
+    Before anything else every rank checks, over the rendezvous store, that all ranks hold the same plan,
+    model shapes, inputs and world size (`planner.apply.agree`): RankMismatchError names the ranks that differ.
     Raises PlanMismatchError for a plan made for another model, world size or plan format.
     """
     if inputs not in INPUT_MODES:
         raise ApplyError(f"inputs={inputs!r}: use 'full' (whole batch on every rank) or 'sharded' (each rank its "
                          "block of the batch)")
+    if dist.is_available() and dist.is_initialized():  # before anything that differs between ranks can run
+        agree({"plan": plan_digest(plan), "model": model_digest(model), "world size": str(dist.get_world_size()),
+               "inputs": inputs_digest(example_inputs) if example_inputs is not None else "the plan's",
+               "input mode": inputs}, "apply_plan", timeout_s=agree_timeout_s)
     graph = check_plan(model, plan, example_inputs)
     if mesh is None:
         mesh = DeviceMesh(plan.mesh)

@@ -22,12 +22,14 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from cost_models.errors import PlannerError
+from planner.trace.common import TORCH_DTYPES
 from planner.trace.graph import ModelGraph
 
 __all__ = ["ApplyError", "ParamRef", "NodeValues", "node_values", "is_foldable", "map_aggregate", "op_name", "activation_args"]
 
 
-class ApplyError(ValueError):
+class ApplyError(PlannerError, ValueError):
     """A plan that cannot be applied to this model, or a graph the rewrite does not support: says what
     and how to fix it."""
 
@@ -85,7 +87,7 @@ class NodeValues:
 
 
 def _meta(meta: Any) -> torch.Tensor:
-    return torch.empty(meta.shape, dtype=getattr(torch, meta.dtype), device="meta")
+    return torch.empty(meta.shape, dtype=TORCH_DTYPES[meta.dtype], device="meta")
 
 
 class _Eval(fx.Interpreter):

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.comm import CommError, ring_seconds
+from cost_models.errors import PlannerError
 from cost_models.redistribution import COLLECTIVE_KINDS
 
 __all__ = ["MIN_BETA", "Sample", "Fit", "FitError", "model_terms", "predict_seconds", "fit_alpha_beta", "format_fit_table"]
@@ -41,7 +42,7 @@ __all__ = ["MIN_BETA", "Sample", "Fit", "FitError", "model_terms", "predict_seco
 MIN_BETA = 1e-15
 
 
-class FitError(ValueError):
+class FitError(PlannerError, ValueError):
     """Samples that cannot determine alpha and beta (too few, one message size only, bad numbers)."""
 
 

@@ -10,6 +10,7 @@ rank 0 write the file.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import socket
 import sys
@@ -21,10 +22,11 @@ from typing import TextIO
 import torch
 import torch.distributed as dist
 
+from cost_models.files import write_atomic
 from cost_models.hardware import LINKS, PEAK_DTYPES, HardwareProfile, load_profile
 from cost_models.mesh import candidate_meshes
 from cost_models.redistribution import COLLECTIVE_KINDS
-from planner.calibrate.command import CalibrateConfig, CalibrateError
+from planner.calibrate.config import CalibrateConfig, CalibrateError
 from planner.calibrate.fit import MIN_BETA, Fit, FitError, Sample, fit_alpha_beta, format_fit_table
 from planner.calibrate.measure import (
     Series,
@@ -277,13 +279,14 @@ def build_profile(base: HardwareProfile, cal: Calibration, fits: dict[FitKey, Fi
 
 def write_samples(cal: Calibration, path: str) -> None:
     """Every measured point as CSV (mesh, axes, link, n, kind, bytes, seconds), for plots and audits."""
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["mesh", "axes", "link", "n", "kind", "bytes", "seconds"])
-        for s in cal.series:
-            for x in s.samples:
-                w.writerow([str(s.axis.mesh), "".join(s.axis.axes), s.axis.link, x.n, x.kind, x.nbytes,
-                            repr(x.seconds)])
+    f = io.StringIO(newline="")
+    w = csv.writer(f)
+    w.writerow(["mesh", "axes", "link", "n", "kind", "bytes", "seconds"])
+    for s in cal.series:
+        for x in s.samples:
+            w.writerow([str(s.axis.mesh), "".join(s.axis.axes), s.axis.link, x.n, x.kind, x.nbytes,
+                        repr(x.seconds)])
+    write_atomic(path, f.getvalue(), "the calibration samples")
 
 
 def _summary(cal: Calibration, profile: HardwareProfile, out: str) -> str:
@@ -304,6 +307,13 @@ def run(config: CalibrateConfig, out: str, *, samples_out: str | None = None,
     """
     created = _init_process_group(config.timeout_s)
     try:
+        from planner.apply.agree import agree, text_digest
+
+        # Ranks with other settings would time other collectives: agree before the first one.
+        agree({"settings": f"{text_digest(repr(config))} (sizes {config.min_bytes}-{config.max_bytes} B, kinds "
+                           f"{','.join(config.kinds)})", "world size": str(dist.get_world_size())},
+              "the first collective of planner calibrate",
+              timeout_s=config.timeout_s)
         device = _device()
         base = load_profile(config.base or _default_base(device))
         cal = calibrate(config)

@@ -10,7 +10,10 @@ from planner.cli.report import check_totals, explain_renderables
 from planner.plans.format import Plan
 from planner.units import format_bytes, format_seconds
 
-__all__ = ["explain"]
+__all__ = ["explain", "NARROW"]
+
+NARROW = 120  # columns of the default output: a normal terminal
+WIDE = 400  # --wide: as wide as the content needs
 
 
 @command(
@@ -20,6 +23,9 @@ __all__ = ["explain"]
         arg("--all", dest="show_all", action="store_true",
             help="also list the ops that follow their input's layout, every redistribution, and the schemes "
                  "not offered op by op"),
+        arg("--wide", action="store_true",
+            help=f"every column in full (strategy, compute / communication / recompute time apart); the default "
+                 f"table fits {NARROW} columns"),
     ],
     description="Print the per-op table of a plan (scheme, strategy, layouts in -> out, model-state, saved and "
                 "transient bytes, communication bytes, compute and communication time) with totals, the "
@@ -28,8 +34,8 @@ __all__ = ["explain"]
 )
 def explain(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan_file)
-    console = out_console()
-    for renderable in explain_renderables(plan, show_all=args.show_all):
+    console = out_console(width=WIDE if args.wide else NARROW)
+    for renderable in explain_renderables(plan, show_all=args.show_all, wide=args.wide):
         console.print(renderable)
         console.print()
     p = plan.predicted

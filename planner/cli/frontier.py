@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cost_models.errors import PlannerError
+from cost_models.files import check_output_path, write_atomic
 from cost_models.schemes import BASELINE_SCHEMES
 from planner.cli.plan import PLANNING_ARGS, load_example, planning_options
 from planner.cli.registry import CliError, arg, command, out_console, progress
@@ -90,7 +93,7 @@ def trace_curve(label: str, plan_at: PlanAt, infeasible: type[Exception], budget
             span = probe_span(plan_at, infeasible)
         except infeasible:
             return Curve(label, [], note="infeasible at any budget")
-        except ValueError as e:  # e.g. a scheme this world size cannot use
+        except PlannerError as e:  # e.g. a scheme this world size cannot use
             return Curve(label, [], note=str(e).splitlines()[0])
     points: dict[int, Plan | None] = {span.high: span.fastest}
     if span.low_plan is not None:
@@ -114,20 +117,21 @@ def _schemes_cell(plan: Plan) -> str:
 
 def write_csv(path: str, curves: list[Curve]) -> None:
     """One row per (series, budget): budget_bytes, step_time_s, peak_memory_bytes, schemes, checkpointed;
-    a series with no point at all gets one row whose note says why."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["series", "budget_bytes", "feasible", "step_time_s", "peak_memory_bytes", "schemes",
-                    "checkpointed_blocks", "note"])
-        for c in curves:
-            if not c.points:
-                w.writerow([c.label, "", False, "", "", "", "", c.note])
-            for budget, p in c.points:
-                if p is None:
-                    w.writerow([c.label, budget, False, "", "", "", "", "nothing fits this budget"])
-                else:
-                    w.writerow([c.label, budget, True, repr(p.predicted.step_time_s), p.predicted.peak_memory_bytes,
-                                _schemes_cell(p), len(p.checkpoint), ""])
+    a series with no point at all gets one row whose note says why. Built in memory, written atomically."""
+    f = io.StringIO(newline="")
+    w = csv.writer(f)
+    w.writerow(["series", "budget_bytes", "feasible", "step_time_s", "peak_memory_bytes", "schemes",
+                "checkpointed_blocks", "note"])
+    for c in curves:
+        if not c.points:
+            w.writerow([c.label, "", False, "", "", "", "", c.note])
+        for budget, p in c.points:
+            if p is None:
+                w.writerow([c.label, budget, False, "", "", "", "", "nothing fits this budget"])
+            else:
+                w.writerow([c.label, budget, True, repr(p.predicted.step_time_s), p.predicted.peak_memory_bytes,
+                            _schemes_cell(p), len(p.checkpoint), ""])
+    write_atomic(path, f.getvalue(), "the frontier CSV")
 
 
 def _time_unit(largest_s: float) -> tuple[str, float]:
@@ -188,7 +192,9 @@ def frontier_figure(title: str, planner_curve: Curve, baselines: list[Curve]) ->
 
 def plot_frontier(path: str, title: str, planner_curve: Curve, baselines: list[Curve]) -> None:
     """Write `frontier_figure` to `path` (PNG at 120 dpi)."""
-    frontier_figure(title, planner_curve, baselines).savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    frontier_figure(title, planner_curve, baselines).savefig(buffer, format="png", dpi=120)
+    write_atomic(path, buffer.getvalue(), "the frontier plot")
 
 
 def _baseline_names(text: str) -> list[str]:
@@ -219,6 +225,8 @@ def frontier(args: argparse.Namespace) -> int:
         raise CliError(f"--budgets must be at least 2, got {args.budgets}")
     options = planning_options(args)
     baselines = _baseline_names(args.baselines)
+    for suffix in ("csv", "png"):  # refused before the sweep, not after it
+        check_output_path(f"{args.out_prefix}.{suffix}", f"the frontier {suffix.upper()}")
     example = load_example(args.model)
     from planner.api import InfeasibleError, plan
     from planner.trace.tracer import capture

@@ -45,6 +45,13 @@ def planning_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"world_size": args.world_size}
     if args.world_size is not None and args.world_size < 1:
         raise CliError(f"--world-size must be a positive number of ranks, got {args.world_size}")
+    if args.world_size is not None:
+        from cost_models.mesh import MeshError, check_world_size
+
+        try:
+            check_world_size(args.world_size)
+        except MeshError as e:
+            raise CliError(f"--world-size: {e}") from None
     if args.hardware:
         options["hardware"] = args.hardware
     if args.schemes is not None:
@@ -98,8 +105,12 @@ def infeasible_error(error: Any, budget_bytes: int) -> CliError:
                 "Exits with 3 if no plan fits, naming the smallest budget that does.",
 )
 def plan_command(args: argparse.Namespace) -> int:
+    from cost_models.files import check_output_path
+
     budget = parse_bytes(args.budget)
     options = planning_options(args)
+    if args.out != "-":
+        check_output_path(args.out, "the plan")  # a device or FIFO at --out: refused before planning
     example = load_example(args.model)
     from planner.api import InfeasibleError, plan
 

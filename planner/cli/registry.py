@@ -26,6 +26,8 @@ from typing import Any
 
 from rich.console import Console
 
+from cost_models.errors import PlannerError
+
 __all__ = ["Arg", "Command", "COMMANDS", "CliError", "arg", "command", "progress", "out_console", "err_console"]
 
 RunFn = Callable[[argparse.Namespace], int]
@@ -53,7 +55,7 @@ class Command:
 COMMANDS: dict[str, Command] = {}
 
 
-class CliError(ValueError):
+class CliError(PlannerError, ValueError):
     """A user error found by the command line itself; `exit_code` is the process exit status."""
 
     def __init__(self, message: str, exit_code: int = 2) -> None:
@@ -76,12 +78,17 @@ def command(name: str, help: str, args: Sequence[Arg] = (), description: str = "
     return register
 
 
-def out_console(to_stderr: bool = False) -> Console:
+def out_console(to_stderr: bool = False, width: int | None = None) -> Console:
     """A console on stdout (or stderr): no markup (plan text such as "3d[roles=xyz]" is printed as is), and
-    wide when not a terminal so that tables are not cut in files and pipes."""
+    wide when not a terminal so that tables are not cut in files and pipes. `width`: at most this many
+    columns (a narrower terminal keeps its own width)."""
     stream = sys.stderr if to_stderr else sys.stdout
-    return Console(file=stream, width=None if stream.isatty() else 200, highlight=False, markup=False,
-                   soft_wrap=False)
+    if width is not None:
+        if stream.isatty():
+            width = min(width, Console(file=stream).width)
+    else:
+        width = None if stream.isatty() else 200
+    return Console(file=stream, width=width, highlight=False, markup=False, soft_wrap=False)
 
 
 def err_console() -> Console:

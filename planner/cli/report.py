@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from rich import box
 from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -123,28 +124,68 @@ def _layouts(a: Assignment) -> str:
     return f"{ins} -> {', '.join(str(x) for x in a.outputs)}"
 
 
-def _op_table(plan: Plan, show_all: bool) -> tuple[Table, int]:
+# Short kind names for the narrow (default) table.
+_KIND_SHORT = {"embedding": "embed", "layer_norm": "norm", "cross_entropy": "xent", "activation": "act",
+               "elementwise": "elemwise", "contiguous": "contig", "reduction": "reduce"}
+
+
+_NODE_WIDTH = 20
+
+
+def _cut_front(name: str, width: int) -> str:
+    """`name` in at most `width` characters, its start cut: the end of an op name tells ops apart
+    (…h_0_attn_c_attn / …h_1_attn_c_proj), its start is the model's common prefix."""
+    return name if len(name) <= width else "…" + name[len(name) - width + 1:]
+
+
+def _op_table(plan: Plan, show_all: bool, wide: bool = False) -> tuple[Table, int]:
+    """The per-op table. Narrow by default (fits 120 columns: the strategy column left out, times summed,
+    long names cut at the front with an ellipsis); `wide` shows every column in full."""
     totals = plan_totals(plan)
     shown = [a for a in plan.assignments if show_all or a.scheme != "follow"]
     table = Table(title=f"{plan.model.name} on mesh {plan.mesh}: {len(plan.assignments)} ops", show_footer=True,
-                  title_justify="left")
+                  title_justify="left", box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD, show_edge=wide,
+                  padding=(0, 1), collapse_padding=not wide, pad_edge=wide)
     footer = {
         "node": f"total ({len(plan.assignments)} ops)", "states": format_bytes(totals.model_state_bytes),
         "saved": format_bytes(totals.activation_bytes), "transient": f"max {format_bytes(totals.transient_bytes)}",
         "comm": format_bytes(totals.comm_bytes), "compute": format_seconds(totals.compute_s),
         "comm time": format_seconds(totals.comm_s), "recompute": format_seconds(totals.recompute_s),
+        "time": format_seconds(totals.compute_s + totals.comm_s + totals.recompute_s),
     }
-    for name in ("node", "kind", "scheme", "strategy", "layouts in -> out", "states", "saved", "transient", "comm",
-                 "compute", "comm time", "recompute"):
-        numeric = name in ("states", "saved", "transient", "comm", "compute", "comm time", "recompute")
-        table.add_column(name, footer=footer.get(name, ""), justify="right" if numeric else "left")
+    if not wide:
+        footer["transient"] = format_bytes(totals.transient_bytes)  # the largest, as the note below says
+    if wide:
+        names = ("node", "kind", "scheme", "strategy", "layouts in -> out", "states", "saved", "transient", "comm",
+                 "compute", "comm time", "recompute")
+    else:
+        names = ("node", "kind", "scheme", "layouts in -> out", "states", "saved", "transient", "comm", "time")
+    numeric = {"states", "saved", "transient", "comm", "compute", "comm time", "recompute", "time"}
+    rows: list[list[str]] = []
     ckpt = set(plan.checkpoint)
     for a in shown:
         c = a.cost
-        node = a.node + (" (ckpt)" if a.block in ckpt else "")
-        table.add_row(node, a.kind, a.scheme, a.strategy, _layouts(a), format_bytes(c.state_bytes),
-                      format_bytes(c.saved_bytes), format_bytes(c.transient_bytes), format_bytes(c.comm_bytes),
-                      format_seconds(c.compute_s), format_seconds(c.comm_s), format_seconds(c.recompute_s))
+        if wide:
+            node = a.node + (" (ckpt)" if a.block in ckpt else "")
+        else:
+            node = _cut_front(a.node, _NODE_WIDTH - 1) + ("*" if a.block in ckpt else "")
+        kind = a.kind if wide else _KIND_SHORT.get(a.kind, a.kind)
+        sizes = [format_bytes(c.state_bytes), format_bytes(c.saved_bytes), format_bytes(c.transient_bytes),
+                 format_bytes(c.comm_bytes)]
+        if wide:
+            rows.append([node, kind, a.scheme, a.strategy, _layouts(a), *sizes, format_seconds(c.compute_s),
+                         format_seconds(c.comm_s), format_seconds(c.recompute_s)])
+        else:
+            rows.append([node, kind, a.scheme, _layouts(a), *sizes,
+                         format_seconds(c.compute_s + c.comm_s + c.recompute_s)])
+    flexible = {} if wide else {"node": _NODE_WIDTH, "layouts in -> out": 20}  # cut past these widths
+    for k, name in enumerate(names):
+        cells = [name, footer.get(name, "")] + [r[k] for r in rows]
+        table.add_column(name, footer=footer.get(name, ""), justify="right" if name in numeric else "left",
+                         no_wrap=True, overflow="ellipsis", max_width=flexible.get(name),
+                         min_width=None if name in flexible else max(len(c) for c in cells))
+    for r in rows:
+        table.add_row(*r)
     return table, len(plan.assignments) - len(shown)
 
 
@@ -186,11 +227,14 @@ def _not_offered_table(plan: Plan, show_all: bool) -> Table:
     return table
 
 
-def explain_renderables(plan: Plan, show_all: bool = False) -> list[RenderableType]:
+def explain_renderables(plan: Plan, show_all: bool = False, wide: bool = False) -> list[RenderableType]:
     """What `planner explain` prints, in order: per-op table with totals, redistributions, schemes not
-    offered, ops without a parallel strategy."""
-    table, hidden = _op_table(plan, show_all)
+    offered, ops without a parallel strategy. `wide`: every column of the op table, nothing cut."""
+    table, hidden = _op_table(plan, show_all, wide)
     out: list[RenderableType] = [table]
+    if not wide:
+        out.append(Text("time = compute + communication + recompute; transient total = the largest; * = in a "
+                        "checkpointed block; --wide shows times apart, the strategy and names in full."))
     if hidden:
         out.append(Text(f"{hidden} ops that follow their input's layout are hidden (--all shows them); "
                         "the totals include them."))

@@ -31,11 +31,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from cost_models.errors import PlannerError
+
 __all__ = ["GPTConfig", "GPT_SIZES", "GPT", "Block", "CausalSelfAttention", "MLP", "gpt_config", "build_gpt",
            "GPTConfigError"]
 
 
-class GPTConfigError(ValueError):
+class GPTConfigError(PlannerError, ValueError):
     """An unknown GPT size name or an invalid override."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from cost_models.errors import PlannerError
 from planner.models.gpt import GPT_SIZES, GPTConfigError, build_gpt
 from planner.models.hf_gpt2 import HF_GPT2_DEFAULTS, build_hf_gpt2
 from planner.models.mlp import MLP_DEFAULTS, build_mlp
@@ -30,7 +31,7 @@ __all__ = ["Example", "EXAMPLES", "ModelLoadError", "get_example", "load_model"]
 ExampleInputs = tuple[Any, ...] | dict[str, Any]
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(PlannerError, ValueError):
     """A model spec that names no built-in example and no loadable factory, or a factory that failed."""
 
 
@@ -91,11 +92,11 @@ def get_example(name: str, *, device: str | torch.device | None = None, **overri
 
 
 def _dtype(d: Any) -> torch.dtype:
-    if isinstance(d, torch.dtype):
-        return d
-    found = getattr(torch, str(d), None)
-    if not isinstance(found, torch.dtype):
-        raise ModelLoadError(f"unknown dtype {d!r}; use e.g. 'float32' or 'bfloat16'")
+    from planner.dtypes import TORCH_DTYPES, torch_dtype
+
+    found = torch_dtype(d)
+    if found is None:
+        raise ModelLoadError(f"unknown dtype {d!r}; use one of {', '.join(TORCH_DTYPES)}")
     return found
 
 
@@ -161,6 +162,10 @@ def _import_file(path: str) -> Any:
     try:
         with _on_path(os.path.dirname(full)):
             spec.loader.exec_module(module)
+    except SystemExit as e:  # sys.exit() in model code would end the planner with the model's status, silently
+        del sys.modules[mod_name]
+        raise ModelLoadError(f"importing {path} called sys.exit({e.code!r}); model code must not exit the "
+                             "process: guard the script part with `if __name__ == \"__main__\":`") from e
     except Exception as e:
         del sys.modules[mod_name]
         raise ModelLoadError(f"importing {path} failed: {type(e).__name__}: {e}") from e
@@ -170,6 +175,9 @@ def _import_file(path: str) -> Any:
 def _import_module(name: str) -> Any:
     try:
         return importlib.import_module(name)
+    except SystemExit as e:
+        raise ModelLoadError(f"importing module {name!r} called sys.exit({e.code!r}); model code must not exit "
+                             "the process: guard the script part with `if __name__ == \"__main__\":`") from e
     except ModuleNotFoundError as e:
         raise ModelLoadError(f"cannot import module {name!r} ({e}); check the name, install the package, or "
                              f"run from the directory that contains it") from e
@@ -180,6 +188,9 @@ def _import_module(name: str) -> Any:
 def _call(factory: Callable[[], Any], spec: str) -> Any:
     try:
         return factory()
+    except SystemExit as e:
+        raise ModelLoadError(f"factory {spec} called sys.exit({e.code!r}) instead of returning (model, "
+                             "example_inputs)") from e
     except Exception as e:
         raise ModelLoadError(f"factory {spec} raised {type(e).__name__}: {e}") from e
 

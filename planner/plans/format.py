@@ -29,25 +29,30 @@ the same checks, so a plan that saves also loads.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from cost_models.errors import one_line
+from cost_models.files import write_atomic
 from cost_models.layout import Layout, LayoutError
 from cost_models.mesh import Mesh
+from cost_models.ops import DTYPE_BYTES
 from cost_models.strategy import SCHEMES, Strategy
 from planner.plans.json_io import REPLAN, JsonReader, PlanError, describe, format_json, read_mesh, to_data
 
 __all__ = [
-    "SCHEMA_VERSION", "SOLVER_STATUSES", "DEVICE_KINDS", "PlanError", "InputInfo", "ModelInfo", "AssignmentCost",
+    "SCHEMA_VERSION", "MAX_DIMS", "MAX_DIM_SIZE", "MAX_NUMEL", "SOLVER_STATUSES", "DEVICE_KINDS", "PlanError", "InputInfo", "ModelInfo", "AssignmentCost",
     "Assignment", "Redistribution", "OpPrediction", "Predicted", "SolverInfo", "PlanOptions", "Plan",
 ]
 
 SCHEMA_VERSION = 1
+# Bounds of the shapes a plan may record (model inputs, redistributed tensors): generous beyond any model.
+MAX_DIMS = 16
+MAX_DIM_SIZE = 2**40
+MAX_NUMEL = 2**50
+MAX_PLAN_BYTES = 256 * 2**20  # the most a plan file may hold
 SOLVER_STATUSES = ("optimal", "feasible", "infeasible", "error")
 DEVICE_KINDS = ("cuda", "cpu")
 # Scheme names a user may ask for: every strategy scheme plus "1d" (1d_col and 1d_row together).
@@ -156,7 +161,13 @@ class Predicted:
     comm_bytes: int
     recompute_s: float
     released_bytes: int = 0  # absent in plans written before it existed, whose peak was the bound
-    per_op: list[OpPrediction] = field(default_factory=list)
+    per_op: list[OpPrediction] = field(default_factory=list, repr=False)
+
+    def __repr__(self) -> str:
+        """The totals only: the per-op rows (one per op, 200,000 characters for a 32-layer model) are
+        counted, not printed; `planner explain` shows them."""
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return f"Predicted({shown}, per_op=[{len(self.per_op)} ops])"
 
     @property
     def bound_bytes(self) -> int:
@@ -252,43 +263,32 @@ class Plan:
         except json.JSONDecodeError as e:
             raise PlanError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): the file is "
                             f"truncated or is not a plan; {REPLAN}") from None
+        except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+            raise PlanError(f"the JSON holds a number too long to be in a plan ({one_line(e)}); {REPLAN}") from None
         except RecursionError:
             raise PlanError(f"the JSON is nested too deeply to be a plan; {REPLAN}") from None
         return cls.from_dict(data)
 
     # --- files ---------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the plan atomically: a temporary file in the same folder, fsync, then rename over
-        `path`. If anything fails, an existing file at `path` is left as it was."""
-        text = self.to_json()
-        target = Path(path)
-        mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows it
-            dir_fd = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        """Write the plan atomically (`cost_models.files.write_atomic`): an existing file at `path` is left
+        as it was if anything fails; a path that is not a regular file (a device, a FIFO) is refused
+        (OutputFileError); a symbolic link is followed."""
+        write_atomic(path, self.to_json(), "the plan")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
         """Read and check a plan file; raises PlanError (with the path) for anything wrong with it."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            with open(path, "rb") as f:
+                raw = f.read(MAX_PLAN_BYTES + 1)  # bounded: `planner explain /dev/zero` must not read forever
         except OSError as e:
             raise PlanError(f"cannot read plan file {str(path)!r}: {e.strerror or e}") from None
+        if len(raw) > MAX_PLAN_BYTES:
+            raise PlanError(f"{path}: more than {MAX_PLAN_BYTES // 2**20} MiB, larger than any plan (a 96-layer model's "
+                            "is a few MiB); is this a plan written by `planner plan`?")
+        try:
+            text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise PlanError(f"{path}: not a text file; is this a plan written by `planner plan`?") from None
         try:
@@ -311,8 +311,35 @@ def _check_version(data: dict[str, Any]) -> None:
                         f"version {SCHEMA_VERSION}); re-plan with `planner plan`")
 
 
+def _check_shape(shape: list[int], path: str) -> None:
+    """A tensor shape a plan may hold: at most MAX_DIMS dims of at most MAX_DIM_SIZE each, at most
+    MAX_NUMEL elements in all (far beyond any real tensor; an edited file cannot make the runtime build one)."""
+    if len(shape) > MAX_DIMS:
+        raise PlanError(f"{path}: {len(shape)} dims; a plan's tensors have at most {MAX_DIMS}; {REPLAN}")
+    numel = 1
+    for k, size in enumerate(shape):
+        if size > MAX_DIM_SIZE:
+            raise PlanError(f"{path}[{k}]: {size} is larger than any tensor dim (at most "
+                            f"2**{MAX_DIM_SIZE.bit_length() - 1}); {REPLAN}")
+        numel *= size
+    if numel > MAX_NUMEL:
+        raise PlanError(f"{path}: {shape} has more elements than any tensor (at most "
+                        f"2**{MAX_NUMEL.bit_length() - 1}); {REPLAN}")
+
+
 def _check_plan(plan: Plan) -> None:
-    """Checks that span fields: names that must exist, the peak identity, layouts that fit shapes."""
+    """Checks that span fields: names that must exist, the peak identity, layouts that fit shapes; and
+    the closed vocabularies (dtype names, schemes, statuses) and bounded shapes of every field that reaches
+    torch (nothing in a plan is looked up by name on a module)."""
+    for i, inp in enumerate(plan.model.inputs):
+        if inp.dtype not in DTYPE_BYTES:
+            raise PlanError(f"model.inputs[{i}].dtype: {inp.dtype!r} is not a tensor dtype a plan may name (one of "
+                            f"{', '.join(DTYPE_BYTES)}); {REPLAN}")
+        _check_shape(inp.shape, f"model.inputs[{i}].shape")
+        if not inp.name.isidentifier():
+            raise PlanError(f"model.inputs[{i}].name: {inp.name!r} is not an argument name; {REPLAN}")
+    for i, r in enumerate(plan.redistributions):
+        _check_shape(r.shape, f"redistributions[{i}].shape")
     nodes: set[str] = set()
     for i, a in enumerate(plan.assignments):
         if a.scheme not in SCHEMES:

@@ -17,15 +17,17 @@ import types
 from json.encoder import encode_basestring_ascii
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from cost_models.errors import PlannerError
 from cost_models.layout import Layout, LayoutError
 from cost_models.mesh import Mesh, MeshError
 
 __all__ = ["PlanError", "REPLAN", "to_data", "format_json", "JsonReader", "read_mesh", "describe"]
 
 REPLAN = "re-run `planner plan` to write a new plan"
+MAX_INT = 2**63 - 1  # the largest integer a plan field holds (bytes, counts): an int64
 
 
-class PlanError(ValueError):
+class PlanError(PlannerError, ValueError):
     """A plan that cannot be read or written: names the field that is wrong and how to fix it."""
 
 
@@ -188,9 +190,17 @@ class JsonReader:
             return data
         if hint is int:
             self._expect(isinstance(data, int) and not isinstance(data, bool), "an integer", data, path)
+            if data > MAX_INT:
+                raise PlanError(f"{path}: a {len(str(data))}-digit integer is larger than any count a plan holds "
+                                f"(at most 2**63 - 1); {REPLAN}")
         elif hint is float:
             self._expect(isinstance(data, int | float) and not isinstance(data, bool), "a number", data, path)
-            data = float(data)
+            try:
+                data = float(data)
+            except OverflowError:
+                data = math.inf
+            if not math.isfinite(data):
+                raise PlanError(f"{path}: {data} is not a finite number; {REPLAN}")
         else:
             raise AssertionError(f"no reader for type {hint!r} at {path}")
         if data < 0:

@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import pickle
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from planner.plans.format import Plan
 from planner.search.build import BuiltProblem, SchemeUnavailable
 from planner.search.solve import Progress, Solution, solve
 
-__all__ = ["MeshResult", "plan_mesh", "plan_meshes"]
+__all__ = ["MeshResult", "WorkerTraceback", "plan_mesh", "plan_meshes"]
 
 _FIT_ROUNDS = 4  # solves per mesh at most: the budget, then tightened by the plan's excess
 _LEAST_ROUNDS = 2  # fits just below the least-memory plan's peak, looking for a smaller budget that fits
@@ -131,8 +132,8 @@ def _cost_rank(mesh: Mesh) -> int:
 def plan_meshes(meshes: list[Mesh], job: Callable[[Mesh], MeshResult], *, time_limit: float,
                 progress: bool = False, workers: int | None = None) -> list[MeshResult]:
     """`job(mesh)` for every mesh, in forked workers (at most `workers`, default the CPU count), results
-    in the order of `meshes`. An exception in a worker is raised here; a worker past its deadline
-    gives an error result."""
+    in the order of `meshes`. An exception in a worker is raised here, its worker-side frames attached as
+    its cause (`WorkerTraceback`); a worker past its deadline gives an error result."""
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = min(len(meshes), workers)
@@ -157,7 +158,8 @@ def plan_meshes(meshes: list[Mesh], job: Callable[[Mesh], MeshResult], *, time_l
                         except EOFError:
                             kind, value = "result", MeshResult(meshes[i], error="the planning process died")
                         if kind == "raise":
-                            raise value
+                            error, frames = value
+                            raise error from WorkerTraceback(frames)  # the worker's frames, shown as the cause
                         results[i] = value
                     elif not proc.is_alive() and not recv.poll(0):
                         results[i] = MeshResult(meshes[i], error=f"the planning process died (exit {proc.exitcode})")
@@ -178,18 +180,32 @@ def _start(ctx, job: Callable[[Mesh], MeshResult], mesh: Mesh) -> tuple[mp.Proce
 
     def child() -> None:
         try:
-            out = ("result", job(mesh))
-        except BaseException as e:  # raised again in the parent, as it would have been in-process
-            out = ("raise", e)
+            out: tuple[str, object] = ("result", job(mesh))
+        except BaseException as e:  # raised again in the parent, as it would have been in-process, with its frames
+            out = ("raise", (e, f"planning mesh {mesh} in worker process {os.getpid()}:\n{traceback.format_exc()}"))
         try:
             send.send_bytes(pickle.dumps(out))
         except Exception as e:  # an unpicklable exception: send its text
-            send.send_bytes(pickle.dumps(("raise", RuntimeError(f"{type(out[1]).__name__}: {out[1]} ({e})"))))
+            error, frames = out[1]  # type: ignore[misc]
+            send.send_bytes(pickle.dumps(("raise", (RuntimeError(f"{type(error).__name__}: {error} ({e})"), frames))))
 
     proc = ctx.Process(target=child, daemon=True)
     proc.start()
     send.close()
     return proc, recv
+
+
+class WorkerTraceback(Exception):
+    """The traceback of an exception raised in a planning worker process, as text: set as the `__cause__`
+    of the exception raised again in the parent, so a printed traceback shows where it was raised (the
+    worker's frames) above the parent's `raise`. (concurrent.futures does the same.)"""
+
+    def __init__(self, frames: str) -> None:
+        super().__init__(frames)
+        self.frames = frames
+
+    def __str__(self) -> str:
+        return "\n" + self.frames.rstrip()
 
 
 def _stop(proc: mp.Process, recv) -> None:

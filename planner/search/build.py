@@ -23,6 +23,7 @@ import numpy as np
 
 from cost_models import schemes as schemes_mod
 from cost_models.edges import edge_cost, grad_flow
+from cost_models.errors import PlannerError
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.memory import conversion_pair_working_set
@@ -36,7 +37,7 @@ from planner.trace.graph import ModelGraph
 __all__ = ["BuiltProblem", "Decision", "build_problem", "expand_schemes", "SchemeError", "SchemeUnavailable"]
 
 
-class SchemeError(ValueError):
+class SchemeError(PlannerError, ValueError):
     """An unknown scheme name in `schemes=`."""
 
 

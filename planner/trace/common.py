@@ -23,11 +23,13 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from cost_models.calls import Act, Call, Param
+from cost_models.errors import PlannerError
 from cost_models.family import classify_call
 from cost_models.ops import OpNode, ParamInfo, TensorMeta
+from planner.dtypes import TORCH_DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
 from planner.trace.graph import BlockInfo
 
-__all__ = ["OpBuilder", "PathFailure", "tensor_meta", "dtype_name", "canonical_names", "find_blocks",
+__all__ = ["OpBuilder", "PathFailure", "tensor_meta", "dtype_name", "TORCH_DTYPES", "torch_dtype", "canonical_names", "find_blocks",
            "assign_blocks", "where", "where_in_stack", "first_line", "describe_node", "SymbolicShapeError"]
 
 # Ops that, applied to a parameter alone, give a view or cast of it rather than an activation.
@@ -43,12 +45,7 @@ class PathFailure(Exception):
         self.path, self.where, self.reason = path, where, reason
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """torch.float32 -> "float32"."""
-    return str(dtype).removeprefix("torch.")
-
-
-class SymbolicShapeError(ValueError):
+class SymbolicShapeError(PlannerError, ValueError):
     """A traced tensor whose shape depends on tensor values (torch.nonzero, boolean masks...)."""
 
 

@@ -1,6 +1,6 @@
 """The captured model: ops in execution order, their data-flow graph and the model's repeated blocks.
 
-`planner.trace.tracer` builds a `ModelGraph`; the cost model reads its `OpNode`s, the plan builder its blocks,
+`planner.trace.tracer.capture` builds a `ModelGraph`; the cost model reads its `OpNode`s, the plan builder its blocks,
 and the plan records its `fingerprint` so that a plan can be checked against the model it was made for.
 `gm` keeps the traced `torch.fx.GraphModule` for the rewrite that applies a plan: every `OpNode.name` is
 the name of an FX node of `gm`.
@@ -17,12 +17,13 @@ from typing import Any
 
 import networkx as nx
 
+from cost_models.errors import PlannerError
 from cost_models.ops import OpNode, ParamInfo, TensorMeta
 
 __all__ = ["BlockInfo", "ModelGraph", "graph_fingerprint", "GraphError"]
 
 
-class GraphError(ValueError):
+class GraphError(PlannerError, ValueError):
     """A lookup of a node that is not in the graph, or a malformed serialised graph."""
 
 

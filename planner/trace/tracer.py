@@ -1,5 +1,8 @@
 """`capture(model, example_inputs)`: the model as a `ModelGraph` of `OpNode`s with exact shapes.
 
+The capture stage is the module `planner.trace.tracer` (not `planner.trace.tracer`), so that the submodule never shadows
+the exported function: `planner.trace.tracer` and `from planner import capture` are always the function.
+
 Two paths, tried in order (or chosen with `method=`):
 
 1. torch.fx symbolic tracing (`planner.trace.fx`): torch-level ops, the model's own layers as leaves.
@@ -27,7 +30,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from planner.trace.common import OpBuilder, PathFailure, assign_blocks, find_blocks
+from cost_models.errors import PlannerError
+from planner.trace.common import TORCH_DTYPES, OpBuilder, PathFailure, assign_blocks, find_blocks, torch_dtype
 from planner.trace.export import capture_export
 from planner.trace.fx import capture_fx
 from planner.trace.graph import ModelGraph
@@ -37,7 +41,7 @@ __all__ = ["capture", "CaptureError", "METHODS"]
 METHODS = ("auto", "fx", "export")
 
 
-class CaptureError(ValueError):
+class CaptureError(PlannerError, ValueError):
     """The model could not be captured; the message says what each path tried and how to fix it."""
 
 
@@ -147,12 +151,10 @@ def _is_shape(x: Any) -> bool:
 
 
 def _dtype(d: Any) -> torch.dtype:
-    if isinstance(d, torch.dtype):
-        return d
-    found = getattr(torch, str(d), None)
-    if isinstance(found, torch.dtype):
+    found = torch_dtype(d)
+    if found is not None:
         return found
-    raise CaptureError(f"unknown dtype {d!r}; use a torch.dtype or a name such as 'int64' or 'bfloat16'")
+    raise CaptureError(f"unknown dtype {d!r}; use a torch.dtype or one of {', '.join(TORCH_DTYPES)}")
 
 
 def _default_dtype(model: nn.Module) -> torch.dtype:

@@ -15,6 +15,7 @@ sharing that connection would block behind it and never notice the dead peer.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -28,6 +29,9 @@ from types import TracebackType
 import torch
 import torch.distributed as dist
 
+from cost_models.errors import PlannerError, internal_error_line
+from layers3d.inflight import InFlight, in_flight
+
 __all__ = ["DistContext", "LaunchError", "init_distributed", "RankGuard", "FAILED_KEY", "DEAD_AFTER_S"]
 
 FAILED_KEY = "failed"
@@ -39,7 +43,7 @@ DEAD_AFTER_S = 20.0
 _GUARD_STORE_TIMEOUT_S = 30.0
 
 
-class LaunchError(ValueError):
+class LaunchError(PlannerError, ValueError):
     """The process was not started the way a distributed command needs (missing torchrun variables)."""
 
 
@@ -104,14 +108,19 @@ class RankGuard:
     process with exit code `exit_code` after printing which rank failed and why.
 
     store: a store all ranks share, over a connection nothing else blocks on (`DistContext.guard_store`);
-    poll_s: watchdog period; dead_after_s: heartbeat silence after which another rank counts as dead. `exit` is `os._exit` by default: a clean interpreter exit could block in
-    a process group's destructor while a peer is stuck in a collective.
+    poll_s: watchdog period; dead_after_s: heartbeat silence after which another rank counts as dead. `exit`
+    is `os._exit` by default: a clean interpreter exit could block in a process group's destructor while a
+    peer is stuck in a collective. An exception that is not a PlannerError is a bug: one line, and its
+    traceback on this rank's stderr with `debug`. deadline_s: how long this rank may wait in one collective
+    (`layers3d.inflight`); past it, the run stops with the collective and the peers missing from it named.
     """
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, *, poll_s: float = 0.5,
                  dead_after_s: float = DEAD_AFTER_S, exit_code: int = 1,
-                 exit: Callable[[int], None] = os._exit) -> None:
+                 exit: Callable[[int], None] = os._exit, debug: bool = False,
+                 deadline_s: float | None = None) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
+        self.debug, self.deadline_s = debug, deadline_s
         self.poll_s, self.dead_after_s, self.exit_code = poll_s, dead_after_s, exit_code
         self._exit = exit
         self._stop = threading.Event()
@@ -149,6 +158,7 @@ class RankGuard:
         except Exception:  # noqa: BLE001 - the store itself may be gone; still exit
             cause = text
         self._stop.set()
+        _note_failure(cause)
         if cause != text:
             last = message.splitlines()[-1] if message else ""
             print(f"[planner] rank {self.rank} stopping because {cause}\n[planner] (rank {self.rank} saw: {last})",
@@ -175,10 +185,15 @@ class RankGuard:
             try:
                 self._beat += 1
                 self.store.set(f"beat/{self.rank}", str(self._beat))
+                cur = in_flight()
+                self.store.set(f"at/{self.rank}", json.dumps([cur.key(), cur.describe()] if cur else None))
                 if self.store.check([FAILED_KEY]):
                     self._stop_for(self.store.get(FAILED_KEY).decode(errors="replace"))
                     return
                 now = time.monotonic()
+                if cur is not None and self.deadline_s is not None and now - cur.since > self.deadline_s:
+                    self._publish_and_stop(self._overdue(cur))
+                    return
                 for r in range(self.world_size):
                     if r == self.rank or self.store.check([f"done/{r}"]):
                         continue
@@ -197,7 +212,31 @@ class RankGuard:
                                "launcher has exited")
                 return
 
+    def _overdue(self, cur: InFlight) -> str:
+        """Which collective this rank waits in past the deadline, and where each missing peer is instead."""
+        peers = [r for r in (cur.ranks or range(self.world_size)) if r != self.rank]
+        missing = []
+        for r in peers:
+            key = f"at/{r}"
+            at = json.loads(self.store.get(key)) if self.store.check([key]) else None
+            if at is None:
+                missing.append(f"rank {r} is in no collective" if self.store.check([key]) else f"rank {r} never reported")
+            elif at[0] != cur.key():
+                missing.append(f"rank {r} is in {at[1]}")
+        return (f"rank {self.rank} waited more than {self.deadline_s:g} s in {cur.describe()}; "
+                + ("; ".join(missing) if missing else "every peer is in it too (the backend is stuck)")
+                + " (the ranks run different collective programs, or a peer is stuck)")
+
+    def _publish_and_stop(self, text: str) -> None:
+        """Publish `text` as the run's failure (unless another came first) and stop with the first one."""
+        try:
+            cause = self.store.compare_set(FAILED_KEY, "", text).decode(errors="replace") or text
+        except Exception:  # noqa: BLE001 - the store may be gone
+            cause = text
+        self._stop_for(cause)
+
     def _stop_for(self, message: str) -> None:
+        _note_failure(message)
         print(f"[planner] rank {self.rank} stopping: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         # Stay up a few polls: without a launcher's store, rank 0 hosts it, and the other ranks must still
@@ -211,12 +250,28 @@ class RankGuard:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        if isinstance(ev, ValueError):  # a user error: one line, the command line's exit status for it
+        if isinstance(ev, PlannerError):  # a user error: one line, the command line's exit status for it
             self.fail(f"error: {type(ev).__name__}: {' '.join(str(ev).split())}", code=getattr(ev, "exit_code", 2))
-        elif ev is not None and not isinstance(ev, SystemExit | KeyboardInterrupt):
-            self.fail("".join(traceback.format_exception(et, ev, tb)).rstrip())
+        elif ev is not None and not isinstance(ev, SystemExit | KeyboardInterrupt):  # a bug: the traceback on --debug
+            if self.debug:
+                traceback.print_exception(et, ev, tb, file=sys.stderr)
+            self.fail(internal_error_line(ev))
         try:
             self.store.set(f"done/{self.rank}", "1")
         finally:
             self._stop.set()
             self._thread.join(timeout=5 * self.poll_s)
+
+
+def _note_failure(message: str) -> None:
+    """Write the run's failure to $PLANNER_FAILURE_FILE (set by `planner.launch`), unless a rank did already,
+    so the launcher can print it as its last line."""
+    path = os.environ.get("PLANNER_FAILURE_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "r+", encoding="utf-8") as f:
+            if not f.read():
+                f.write(message.strip().splitlines()[0] if message.strip() else message)
+    except OSError:
+        pass

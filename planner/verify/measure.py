@@ -22,6 +22,8 @@ from types import TracebackType
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from planner.apply.blocks import KEPT_OBSERVERS
+
 __all__ = ["SavedActivationMeter", "note_kept", "storage_key", "cuda_peak_memory"]
 
 _ACTIVE: list[SavedActivationMeter] = []
@@ -107,10 +109,14 @@ class SavedActivationMeter:
     def __enter__(self) -> SavedActivationMeter:
         self._hooks.__enter__()
         _ACTIVE.append(self)
+        if len(_ACTIVE) == 1:
+            KEPT_OBSERVERS.append(note_kept)
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         _ACTIVE.remove(self)
+        if not _ACTIVE and note_kept in KEPT_OBSERVERS:
+            KEPT_OBSERVERS.remove(note_kept)
         self._hooks.__exit__(et, ev, tb)
         self._keep.clear()
 

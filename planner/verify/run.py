@@ -24,11 +24,12 @@ import argparse
 import sys
 from typing import Any
 
-from planner.cli.registry import arg, command
+from planner.cli.registry import CliError, arg, command
 
 __all__ = ["verify_command", "run_verify", "main"]
 
 EXIT_MISMATCH = 1
+BACKEND_GRACE_S = 30.0  # the process group's timeout is --timeout plus this
 
 
 def _loss(out: Any) -> Any:
@@ -78,14 +79,19 @@ def _check_dropout(graph: Any) -> None:
 
 
 def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, seed: int = 0,
-               act_tol: float = 0.05, lr: float = 1e-4, adam_eps: float = 1e-6, out: Any = None) -> int:
+               act_tol: float = 0.05, lr: float = 1e-4, adam_eps: float = 1e-6, out: Any = None,
+               agree_timeout_s: float = 300.0) -> int:
     """The per-rank body of `planner verify` inside an initialised process group; returns the exit status
-    (the same on every rank). Rank 0 writes the report to `out` (default stdout)."""
+    (the same on every rank). Rank 0 writes the report to `out` (default stdout). Before the first
+    collective all ranks agree (`planner.apply.agree`) on the plan, the model, the inputs, the world size and
+    the settings; ranks that differ are named on every rank."""
     import torch
     import torch.distributed as dist
 
     from layers3d.comm import CommCounter
-    from planner.apply.rewrite import apply_plan
+    from layers3d.inflight import tracked
+    from planner.apply.agree import agree, inputs_digest, model_digest, plan_digest
+    from planner.apply.rewrite import apply_plan, check_inputs
     from planner.apply.state import gather_grads, gather_state_dict
     from planner.plans.format import Plan
     from planner.verify.measure import SavedActivationMeter, cuda_peak_memory
@@ -100,7 +106,11 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     dense = dense.to(device)
     inputs = {k: v.to(device) for k, v in inputs.items()} if isinstance(inputs, dict) \
         else tuple(v.to(device) for v in inputs)
-    parallel = apply_plan(dense, plan)
+    agree({"plan": plan_digest(plan), "model": model_digest(dense), "inputs": inputs_digest(inputs),
+           "world size": str(dist.get_world_size()), "settings": f"model {spec}, seed {seed}, steps {steps}"},
+          "the first collective of planner verify", timeout_s=agree_timeout_s)
+    check_inputs(dense, plan, inputs)  # a plan for another model: the mismatch error naming both, not a capture error
+    parallel = apply_plan(dense, plan, agree_timeout_s=agree_timeout_s)
     _check_dropout(parallel.source_graph)
     report = VerifyReport(example.name, plan_path, dist.get_world_size(), str(plan.mesh), tol, act_tol,
                           predicted_act=plan.predicted.activation_bytes)
@@ -129,7 +139,9 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     predicted = predicted_collectives(parallel.source_graph, plan)
     report.predicted_comm, report.plan_comm_total = by_kind(predicted.collectives), predicted.plan_total_bytes
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (meter.bytes, dict(report.measured_comm), peak.get("peak", 0) - peak.get("start", 0)))
+    with tracked("all_gather_object", (), "measured bytes and peaks"):
+        dist.all_gather_object(gathered, (meter.bytes, dict(report.measured_comm),
+                                          peak.get("peak", 0) - peak.get("start", 0)))
     report.measured_act = [int(b) for b, _, _ in gathered]
     report.comm_off_ranks = [r for r, (_, comm, _) in enumerate(gathered)
                              if not by_kind_equal(comm, report.predicted_comm)]
@@ -167,10 +179,12 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     peak_p = step_peak_bytes(parallel, lambda: _loss(_call(parallel, inputs)),
                              torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps))["peak"]
     report.measured_peak, report.predicted_peak = [None] * dist.get_world_size(), plan.predicted.peak_memory_bytes
-    dist.all_gather_object(report.measured_peak, int(peak_p))
+    with tracked("all_gather_object", (), "measured peak memory"):
+        dist.all_gather_object(report.measured_peak, int(peak_p))
     if rank == 0:
         print(format_report(report), file=out or sys.stdout, flush=True)
-    dist.barrier()
+    with tracked("barrier", (), "end of planner verify"):
+        dist.barrier()
     return 0 if report.ok else EXIT_MISMATCH
 
 
@@ -198,7 +212,8 @@ def _worst(what: str, rows: list[tuple[str, float]]) -> Any:
                         "exact arithmetic, such as the attention key bias, move by rounding noise, which no two "
                         "summation orders reproduce)"),
                arg("--timeout", type=float, default=300.0,
-                   help="seconds a collective may block before the run fails (default 300)")],
+                   help="seconds a collective (or the ranks' start-up agreement) may wait before the run stops, "
+                        "naming the collective and the ranks missing from it (default 300)")],
          description="Run under `torchrun --standalone --nproc-per-node N -m planner verify MODEL plan.json`: "
                      "builds the dense and the parallel model from the same seed, compares outputs, loss, "
                      "gradients (and --steps AdamW steps), and measured against predicted communication and "
@@ -207,11 +222,16 @@ def verify_command(args: argparse.Namespace) -> int:
     from planner.verify.guard import RankGuard, init_distributed
 
     if args.steps < 0 or args.tol <= 0 or args.act_tol < 0:
-        raise ValueError("--steps must be >= 0, --tol > 0 and --act-tol >= 0")
-    ctx = init_distributed(timeout_s=args.timeout)
-    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size):
+        raise CliError("--steps must be >= 0, --tol > 0 and --act-tol >= 0")
+    if not args.timeout > 0:
+        raise CliError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    # The backend's own timeout comes later than the guard's deadline, so that the guard, which can name
+    # the collective and the missing peers, is the one that stops a stuck run.
+    ctx = init_distributed(timeout_s=args.timeout + BACKEND_GRACE_S)
+    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size, debug=getattr(args, "debug", False),
+                   deadline_s=args.timeout):
         status = run_verify(args.model, args.plan_file, steps=args.steps, tol=args.tol, seed=args.seed,
-                            act_tol=args.act_tol, lr=args.lr, adam_eps=args.adam_eps)
+                            act_tol=args.act_tol, lr=args.lr, adam_eps=args.adam_eps, agree_timeout_s=args.timeout)
     _shutdown()
     return status
 

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.errors import PlannerError
 from planner.search.solve.frontier import BlockShape
 from planner.search.solve.indexed import IndexedProblem
 
 __all__ = ["NotDecomposable", "BlockClass", "Segment", "Decomposition", "decompose"]
 
 
-class NotDecomposable(ValueError):
+class NotDecomposable(PlannerError, ValueError):
     """The problem's blocks do not have the single-port / single-output shape the two-level solve needs."""
 
 

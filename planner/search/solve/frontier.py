@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cost_models.errors import PlannerError
+
 __all__ = [
     "BlockShape", "FrontierPoint", "FrontierTimeout", "FrontierTooLarge", "Prune", "SweepPlan", "block_frontier",
     "group_pareto", "pareto_mask", "plan_sweep", "topological_order",
@@ -34,7 +36,7 @@ __all__ = [
 _CHUNK = 256
 
 
-class FrontierTooLarge(ValueError):
+class FrontierTooLarge(PlannerError, ValueError):
     """The block's dynamic program exceeds the label limit (too many cross edges or choices)."""
 
 

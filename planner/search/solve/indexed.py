@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.errors import PlannerError
 from planner.search.solve.problem import Problem
 
 __all__ = ["ProblemError", "IndexedEdge", "IndexedProblem"]
 
 
-class ProblemError(ValueError):
+class ProblemError(PlannerError, ValueError):
     """The `Problem` handed to a solver is malformed; the message names the offending node/edge/block."""
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.errors import PlannerError
+
 __all__ = ["SolverError", "MilpModel", "MilpResult", "Progress", "solve_milp", "resolve_solver"]
 
 log = logging.getLogger(__name__)
@@ -24,7 +26,7 @@ log = logging.getLogger(__name__)
 SOLVERS = ("highs", "cbc")
 
 
-class SolverError(ValueError):
+class SolverError(PlannerError, ValueError):
     """An unknown solver name or solve option."""
 
 
