@@ -96,7 +96,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
          example_inputs: Sequence[Any] | None = None, input_shapes: Sequence[Any] | None = None,
          hardware: str | HardwareProfile = "a100-80gb", schemes: Sequence[str] | str | None = None,
          checkpointing: bool = True, bytes_per_param: int | str = 16, solver: str = "highs",
-         time_limit: float = 60.0, device: str | None = None, meshes: Sequence[Mesh] | None = None,
+         time_limit: float | None = None, device: str | None = None, meshes: Sequence[Mesh] | None = None,
          name: str | None = None, progress: bool = False, workers: int | None = None) -> Plan:
     """Plan `model` for `world_size` ranks under a per-rank memory `budget`.
 
@@ -110,6 +110,9 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     device: "cuda" or "cpu" semantics for saved activations (default: the hardware profile's).
     meshes: the mesh shapes to try (default: every shape `candidate_meshes` allows).
     workers: processes that plan mesh shapes in parallel (default: the CPU count; 1 plans in this process).
+    time_limit: None (default): every solver limit is counted in work, so the plan is a function of (model,
+        budget, mesh, hardware, options) and the same on a busy machine as on a quiet one. Seconds: each
+        solve may also stop there; the plan's `solver` block then says so (status "feasible", message).
     Raises InfeasibleError (with the smallest feasible budget) when nothing fits.
     """
     budget_bytes = parse_bytes(budget)

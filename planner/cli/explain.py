@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from planner.cli.registry import arg, command, out_console
-from planner.cli.report import check_totals, explain_renderables
+from planner.cli.report import check_totals, explain_renderables, solver_line
 from planner.plans.format import Plan
 from planner.units import format_bytes, format_seconds
 
@@ -46,4 +46,5 @@ def explain(args: argparse.Namespace) -> int:
     console.print(f"{agreement} the prediction: peak {format_bytes(p.peak_memory_bytes)} per rank, "
                   f"{format_bytes(p.bound_bytes)} with everything alive together (budget "
                   f"{format_bytes(plan.budget_bytes)}), step {format_seconds(p.step_time_s)}")
+    console.print(f"solver: {solver_line(plan)}")
     return 1 if problems else 0

@@ -34,7 +34,9 @@ PLANNING_ARGS = (
         help="model-state bytes per parameter: a number, or fp32_adam (16), bf16_mixed (18), inference (2)"),
     arg("--device", choices=("cuda", "cpu"),
         help="device whose activation semantics the costs assume (default: the hardware profile's)"),
-    arg("--time-limit", type=float, metavar="SECONDS", help="solver time limit per mesh shape"),
+    arg("--time-limit", type=float, metavar="SECONDS",
+        help="wall-clock limit per solve (default: none; every solver limit is counted in work, so the same "
+             "command gives the same plan on a busy machine; with a limit the plan may differ and says so)"),
     arg("--solver", choices=("highs", "cbc"), help="MILP solver (default: highs)"),
 )
 

@@ -22,7 +22,7 @@ from cost_models.memory import step_peak
 from planner.plans.format import Assignment, Plan
 from planner.units import format_bytes, format_seconds
 
-__all__ = ["Totals", "plan_totals", "check_totals", "scheme_counts", "summary_table", "explain_renderables"]
+__all__ = ["Totals", "plan_totals", "check_totals", "scheme_counts", "solver_line", "summary_table", "explain_renderables"]
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,23 @@ def _names(items: list[str], limit: int = 6) -> str:
     return shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")
 
 
+def solver_line(plan: Plan) -> str:
+    """How the solve went, in words: status, seconds, and unless proven optimal the gap to the proven lower
+    bound and why the solver stopped (the plan's solver message)."""
+    s = plan.solver
+    if s.gap is None or math.isnan(s.gap):  # None or NaN: the solver stopped without a bound on the optimum
+        gap = ", gap unknown" if s.status == "feasible" else ""
+    else:
+        gap = f", gap {s.gap:.2%}"
+        if s.status != "optimal" and s.bound is not None:
+            gap += f" to the lower bound {format_seconds(s.bound)}"
+    note = f" ({s.message})" if s.message and s.status != "optimal" else ""
+    return f"{s.name} {s.status} in {format_seconds(s.seconds)}{gap}{', ' + s.method if s.method else ''}{note}"
+
+
 def summary_table(plan: Plan) -> Table:
     """The short summary `planner plan` prints: mesh, schemes, checkpointing, memory, time, solver."""
-    p, s = plan.predicted, plan.solver
+    p = plan.predicted
     blocks = list(dict.fromkeys(a.block for a in plan.assignments if a.block is not None))
     table = Table(title=f"plan for {plan.model.name}", show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -110,12 +124,7 @@ def summary_table(plan: Plan) -> Table:
                                f"{format_seconds(p.comm_s)} + recompute {format_seconds(p.recompute_s)}")
     table.add_row("communication", f"{format_bytes(p.comm_bytes)} per rank per step, "
                                    f"{len(plan.redistributions)} redistributions")
-    if s.gap is None or math.isnan(s.gap):  # None or NaN: the solver stopped without a bound on the optimum
-        gap = ", gap unknown" if s.status == "feasible" else ""
-    else:
-        gap = f", gap {s.gap:.2%}"
-    table.add_row("solver", f"{s.name} {s.status} in {format_seconds(s.seconds)}"
-                            f"{gap}{', ' + s.method if s.method else ''}")
+    table.add_row("solver", solver_line(plan))
     return table
 
 

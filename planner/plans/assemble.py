@@ -236,7 +236,8 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
         comm_bytes=sum(a.cost.comm_bytes for a in assignments) + sum(r.comm_bytes for r in redists),
         recompute_s=recompute, per_op=per_op,
     )
-    solver = SolverInfo(sol.solver, sol.status, sol.objective, sol.gap, sol.seconds, getattr(sol, "method", ""))
+    bound = sol.bound if sol.bound == sol.bound else None  # NaN: no bound known
+    solver = SolverInfo(sol.solver, sol.status, sol.objective, sol.gap, sol.seconds, sol.method, bound, sol.message)
     inputs = [InputInfo(n.name, list(n.out.shape), n.out.dtype) for n in graph.nodes if n.kind == "input"]
     return Plan(model=ModelInfo(graph.name, graph.fingerprint, inputs), mesh=mesh, budget_bytes=budget_bytes,
                 hardware=hw.to_json(), assignments=assignments, redistributions=redists,

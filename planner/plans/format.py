@@ -179,8 +179,12 @@ class Predicted:
 
 @dataclass
 class SolverInfo:
-    """How the solve went. status: one of SOLVER_STATUSES; objective and gap are None when unknown (a NaN
-    is written as null); method: e.g. "flat" or "two_level"."""
+    """How the solve went. status: one of SOLVER_STATUSES ("optimal" only when proven); objective, gap and
+    bound (a proven lower bound on the objective, seconds) are None when unknown (a NaN is written as
+    null); method: e.g. "flat", "priced" or "two_level"; message: why the answer is not proven optimal
+    (the gap, or which limit stopped the solver), empty otherwise. Every field but `seconds` is a
+    function of the solver's inputs (its limits are counted in work) unless the message says a time
+    limit stopped it."""
 
     name: str
     status: str
@@ -188,6 +192,8 @@ class SolverInfo:
     gap: float | None
     seconds: float
     method: str
+    bound: float | None = None
+    message: str = ""
 
 
 @dataclass

@@ -48,57 +48,52 @@ class MeshResult:
 
 
 def _fit(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan], budget: int, solver: str,
-         time_limit: float, shrink: int = 0) -> tuple[Solution, Plan | None]:
+         time_limit: float | None, shrink: int = 0) -> tuple[Solution, Plan | None]:
     """Solve under `budget` - `shrink` (negative: a looser budget for the solver), tightening the solver's
     budget by the plan's excess until the plan fits: (solution, plan that fits) or (last solution, None)."""
-    problem = built.problem
     seconds = 0.0
-    try:
-        for _ in range(_FIT_ROUNDS):
-            cap = budget - shrink
-            if cap <= 0:
-                break
-            problem.budget_bytes = cap
-            sol = solve(problem, solver=solver, time_limit=time_limit)
-            seconds += sol.seconds
-            sol.seconds = seconds
-            if sol.status not in ("optimal", "feasible"):
-                break
-            p = assemble(built, sol)
-            if p.predicted.bound_bytes <= budget:
-                return sol, p
-            # Tighten so that the next answer, carrying what this plan counts beyond the solver's model,
-            # fits: budget - (plan's bound - solver's peak). The answer need not have been at the solver's
-            # budget (gpt3-175b on 4x4x4 at 160 GiB: 17 MB below it, 0.1 MB more in the plan), so tightening
-            # by the excess over the budget alone can return the same answer every round. At least doubling.
-            shrink = max(shrink + p.predicted.bound_bytes - budget, p.predicted.bound_bytes - sol.peak_bytes,
-                         2 * shrink)
-        return sol, None
-    finally:
-        problem.budget_bytes = budget
+    for _ in range(_FIT_ROUNDS):
+        cap = budget - shrink
+        if cap <= 0:
+            break
+        sol = solve(built.problem, budget=cap, solver=solver, time_limit=time_limit)
+        seconds += sol.seconds
+        sol.seconds = seconds
+        if sol.status not in ("optimal", "feasible"):
+            break
+        p = assemble(built, sol)
+        if p.predicted.bound_bytes <= budget:
+            return sol, p
+        # Tighten so that the next answer, carrying what this plan counts beyond the solver's model,
+        # fits: budget - (plan's bound - solver's peak). The answer need not have been at the solver's
+        # budget (gpt3-175b on 4x4x4 at 160 GiB: 17 MB below it, 0.1 MB more in the plan), so tightening
+        # by the excess over the budget alone can return the same answer every round. At least doubling.
+        shrink = max(shrink + p.predicted.bound_bytes - budget, p.predicted.bound_bytes - sol.peak_bytes,
+                     2 * shrink)
+    return sol, None
 
 
 def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
-              budget: int, *, solver: str, time_limit: float) -> MeshResult:
+              budget: int, *, solver: str, time_limit: float | None = None) -> MeshResult:
     """Build, solve and assemble one mesh (see the module docstring)."""
     try:
         built = build(mesh)
     except SchemeUnavailable as e:
         return MeshResult(mesh, unavailable=str(e))
-    sol, p = _fit(built, assemble, budget, solver, time_limit)
-    if p is not None:
-        return MeshResult(mesh, p, sol.objective)
-    if sol.status not in ("optimal", "feasible", "infeasible"):
-        return MeshResult(mesh, error=sol.message or f"solver status {sol.status}")
+    # Model states count whatever the assignment: a budget below their least sum (planning at 1 byte to
+    # learn the smallest budget) goes straight to the least-memory search instead of a solve that only
+    # finds that out.
+    states = sum(min(c.state_bytes for c in node.choices) for node in built.problem.nodes)
+    if states <= budget:
+        sol, p = _fit(built, assemble, budget, solver, time_limit)
+        if p is not None:
+            return MeshResult(mesh, p, sol.objective)
+        if sol.status not in ("optimal", "feasible", "infeasible"):
+            return MeshResult(mesh, error=sol.message or f"solver status {sol.status}")
     # Nothing fits. The least-memory assignment of the solver's model (asked with budget 0, so the
     # answer does not depend on this budget) fits its plan's exact peak; a few fits just below that
     # look for a smaller one, since the plan's accounting sees more than the solver's model.
-    problem = built.problem
-    try:
-        problem.budget_bytes = 0
-        least = solve(problem, solver=solver, time_limit=time_limit)
-    finally:
-        problem.budget_bytes = budget
+    least = solve(built.problem, budget=0, solver=solver, time_limit=time_limit)
     if not least.choice:
         return MeshResult(mesh, least=least.min_feasible_budget)
     least.status, least.message = "feasible", "the least-memory assignment"
@@ -129,11 +124,12 @@ def _cost_rank(mesh: Mesh) -> int:
     return -len(mesh.shape)
 
 
-def plan_meshes(meshes: list[Mesh], job: Callable[[Mesh], MeshResult], *, time_limit: float,
+def plan_meshes(meshes: list[Mesh], job: Callable[[Mesh], MeshResult], *, time_limit: float | None = None,
                 progress: bool = False, workers: int | None = None) -> list[MeshResult]:
     """`job(mesh)` for every mesh, in forked workers (at most `workers`, default the CPU count), results
     in the order of `meshes`. An exception in a worker is raised here, its worker-side frames attached as
-    its cause (`WorkerTraceback`); a worker past its deadline gives an error result."""
+    its cause (`WorkerTraceback`); with a `time_limit`, a worker past its deadline gives an error result
+    (without one, every solver limit is a count and workers finish)."""
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = min(len(meshes), workers)
@@ -141,7 +137,8 @@ def plan_meshes(meshes: list[Mesh], job: Callable[[Mesh], MeshResult], *, time_l
         with Progress(progress, f"planner: planning {len(meshes)} mesh shape(s)"):
             return [job(m) for m in meshes]
     ctx = mp.get_context("fork")
-    deadline_s = (_FIT_ROUNDS * (_LEAST_ROUNDS + 1) + 1) * (time_limit + _GRACE_S)
+    deadline_s = (float("inf") if time_limit is None
+                  else (_FIT_ROUNDS * (_LEAST_ROUNDS + 1) + 1) * (time_limit + _GRACE_S))
     order = sorted(range(len(meshes)), key=lambda i: _cost_rank(meshes[i]))
     results: dict[int, MeshResult] = {}
     running: dict[int, tuple[mp.Process, object, float]] = {}

@@ -11,6 +11,7 @@ blocks (`planner.search.solve.columns`), or the exact two-level solve (`planner.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 
@@ -18,10 +19,10 @@ from planner.search.solve.brute_force import brute_force
 from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import Decomposition, NotDecomposable, decompose
 from planner.search.solve.driver import solve_built
-from planner.search.solve.evaluate import evaluate
+from planner.search.solve.evaluate import evaluate, evaluate_indexed
 from planner.search.solve.frontier import FrontierTooLarge
 from planner.search.solve.ilp import build_flat, flat_size
-from planner.search.solve.indexed import IndexedProblem, ProblemError
+from planner.search.solve.indexed import IndexedProblem, ProblemError, fold_fixed_edges
 from planner.search.solve.milp import Progress, SolverError, resolve_solver
 from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, Solution
 from planner.search.solve.two_level import TwoLevel
@@ -55,15 +56,18 @@ def _pick_method(ip: IndexedProblem) -> tuple[str, Decomposition | None]:
     return "priced", dec
 
 
-def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, method: str = "auto",
-          progress: bool = False) -> Solution:
+def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs", time_limit: float | None = None,
+          method: str = "auto", progress: bool = False) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
+    budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
+        changed, so one built problem serves every budget.
     solver: "highs" (falls back to "cbc" with a warning when highspy is missing) or "cbc".
-    time_limit: seconds for the solve; when it is hit the best assignment found so far is returned with
-        status "feasible" and its relative gap, or status "error" with a message if none was found. (The
-        two-level solve's bound search is not interrupted, and an infeasible budget's search for the
-        least memory gets its own time_limit.)
+    time_limit: None (default): every limit is counted in work (branch-and-bound nodes, prices, rounds), so
+        the answer is a function of the problem alone and the same on a busy machine as on a quiet one.
+        Seconds: the solve also stops there, returning the best assignment found so far with status
+        "feasible", its gap and a message saying so (or status "error" if none was found); the answer then
+        depends on the machine's speed.
     method: "flat" (exact), "priced" (fast, for many identical blocks: a priced search and a column ILP,
         status "optimal" only when its gap to a Lagrangian lower bound closes, otherwise "feasible" with
         that gap), "two_level" (exact; both raise NotDecomposable when the blocks do not have one input
@@ -76,30 +80,38 @@ def solve(problem: Problem, *, solver: str = "highs", time_limit: float = 60.0, 
     """
     if method not in METHODS:
         raise SolverError(f"unknown method {method!r}; use one of {METHODS}")
-    if not time_limit > 0:
+    if time_limit is not None and not time_limit > 0:
         raise SolverError(f"time_limit must be > 0 seconds, got {time_limit}")
     name = resolve_solver(solver)
     start = time.perf_counter()
-    ip = IndexedProblem(problem)
+    deadline = float("inf") if time_limit is None else start + time_limit
+    exact = IndexedProblem(problem, budget)
+    ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
+    ip.time, ip.recompute, ip.transient, ip.edges = (list(exact.time), list(exact.recompute),
+                                                      list(exact.transient), list(exact.edges))
+    fold_fixed_edges(ip)
     chosen, dec = _pick_method(ip) if method == "auto" else (method, None)
     with Progress(progress, f"planner: {chosen.replace('_', '-')} solve of {ip.n} nodes", PROGRESS_DELAY_S):
         sol = None
         if chosen == "priced":
             try:
-                sol = PricedSolve(ip, dec or decompose(ip)).solve(name, time_limit)
+                sol = PricedSolve(ip, dec or decompose(ip)).solve(name, deadline)
             except NotDecomposable as err:
                 if method == "priced":
                     raise
                 log.info("priced solve not applicable (%s); using the flat ILP", err)
         if chosen == "two_level":
             try:
-                sol = TwoLevel(ip, dec).solve(name, time_limit)
+                sol = TwoLevel(ip, dec).solve(name, deadline)
             except (NotDecomposable, FrontierTooLarge) as err:
                 if method == "two_level":
                     raise
                 log.info("two-level solve not applicable (%s); using the flat ILP", err)
         if sol is None:
             sol = solve_built(ip, lambda mode, budget: build_flat(ip, mode, budget), solver=name,
-                              time_limit=time_limit, method="flat")
+                              deadline=deadline, method="flat")
+    if sol.choice:  # the figures of the problem as given (folding reorders float sums in the last bits)
+        vec = [sol.choice[name] for name in exact.names]
+        sol.objective, sol.peak_bytes, _ = evaluate_indexed(exact, vec, [exact.block_index(b) for b in sol.checkpointed])
     sol.seconds = time.perf_counter() - start
     return sol

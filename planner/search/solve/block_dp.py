@@ -91,6 +91,7 @@ class BlockDP:
         self.n = len(shape.sizes)
         self.out = shape.out_pos
         self.sizes = {v: s for v, s in enumerate(shape.sizes)} | {PORT: shape.port_size}
+        self._memo: dict = {}  # elimination orders of this block's pieces (see eliminate's memo)
         self.internal = shape.internal
         self.port = {v: plan.port[v] for v in range(self.n) if plan.port[v][0].any() or plan.port[v][1].any()}
         self.uses_port = set(self.port) | set(shape.port_work)  # nodes with an edge from the port
@@ -170,7 +171,7 @@ class BlockDP:
         for carried, nodes, last, with_port in self.pieces:
             start = [carried] + ([PORT] if with_port else [])
             sweep = eliminate(nodes, self.sizes, unary, incoming, keep=start + ([last] if last is not None else []),
-                              start=start)
+                              start=start, memo=self._memo)
             table = sweep.value if last is not None else sweep.value[..., None]
             pieces.append((carried, last, with_port, sweep))
             if total is None:  # (port, last)
@@ -208,8 +209,10 @@ class BlockDP:
             choice = table.choice(p, q, ck, self.n)
             add, top, time = self.measure(choice, p, ck)
             ok = np.isfinite(time)
-            out += [FrontierPoint(int(pp), int(qq), bool(c), int(a_), int(t_), float(s_), tuple(int(x) for x in ch))
-                    for pp, qq, c, a_, t_, s_, ch, good in zip(p, q, ck, add, top, time, choice, ok) if good]
+            out += [FrontierPoint(pp, qq, c, a_, t_, s_, tuple(ch))  # tolist(): plain ints and floats, fast
+                    for pp, qq, c, a_, t_, s_, ch, good in zip(p.tolist(), q.tolist(), ck.tolist(), add.tolist(),
+                                                               top.tolist(), time.tolist(), choice.tolist(), ok.tolist())
+                    if good]
         return out
 
     def measure(self, choice: np.ndarray, p: np.ndarray, ckpt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -55,8 +55,13 @@ _SEARCH_STEPS = 10  # most bisection steps on log(mu) ...
 _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are this close
 _UNIFORM_STEPS = 4  # prices per uniform-scheme search
 _CAPS_TIGHT = 6  # ... and when no price alone gives a plan that fits
+_BOUND_STEPS = 12  # prices of the golden-section search that lifts the lower bound (over 4 decades of mu)
 _CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
 _ILP_GAP = 1e-4  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
+# Branch-and-bound nodes per column ILP: of one uniform scheme's columns, and of all columns. Work, not
+# seconds, so that the plan does not depend on how busy the machine is.
+_ILP_NODES_UNIFORM = 2_000
+_ILP_NODES_MIXED = 10_000
 
 
 @dataclass
@@ -84,6 +89,14 @@ class PricedSolve:
         self.stats: dict[str, float] = {}
         self.scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)  # seconds per budget byte, at most
         self.tiny = self.scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
+        self.stopped = False  # the user's time limit cut the search or an ILP short
+        self._memo: dict = {}  # elimination orders of the outer sweep (see eliminate's memo)
+
+    def _late(self, deadline: float) -> bool:
+        """Whether the user's time limit (a time.perf_counter() value; inf: none) has passed."""
+        if time.perf_counter() > deadline:
+            self.stopped = True
+        return self.stopped
 
     # --- one price ------------------------------------------------------------------------------
     def evaluate(self, price: Price) -> _Priced:
@@ -126,7 +139,7 @@ class PricedSolve:
         order = topological_order(len(ids), [(pos[u], pos[v]) for v in ids for u, _ in incoming[v]])
         if order is None:
             raise RuntimeError("outer nodes form a cycle (internal error)")
-        sweep = eliminate([ids[i] for i in order], sizes, unary, incoming)
+        sweep = eliminate([ids[i] for i in order], sizes, unary, incoming, memo=self._memo)
         picked = {v: int(x) for v, x in sweep.argmin({}).items()}
         choice = [0] * ip.n
         for v in dec.outer_nodes:
@@ -151,41 +164,79 @@ class PricedSolve:
                 boundary.append((seg.cls, int(p), int(q), bool(flag)))
         time_s, peak, _ = evaluate_indexed(ip, choice, ckpt)
         value = float(sweep.value)
-        valid = price.a == 1.0 and price.c == 0.0 and price.cap == np.inf and not price.only  # module docstring
-        bound = value + price.b * (self.floor - ip.budget) if valid else -np.inf
+        # A bound (module docstring) when c <= b / M, M the number of blocks: the max term is at least the
+        # least op transient (floor) and at least the mean over all blocks of the activations a checkpointed
+        # block recomputes, so it is at least the mix (1 - cM/b)·floor + (c/b)·sum of those.
+        m = len(ip.block_nodes)
+        valid = (price.a == 1.0 and price.cap == np.inf and not price.only
+                 and (price.c == 0.0 or price.c * m <= price.b * (1 + 1e-12)))
+        bound = value + (price.b - price.c * m) * self.floor - price.b * ip.budget if valid else -np.inf
         out = _Priced(price, choice, sorted(ckpt), boundary, time_s, peak, bound)
         self.priced.append(out)
         return out
 
     # --- the search -------------------------------------------------------------------------------
-    def solve(self, solver: str, time_limit: float) -> Solution:
+    def solve(self, solver: str, deadline: float) -> Solution:
+        """The answer (see the module docstring); `deadline`: a time.perf_counter() value where the user's
+        time limit stops the search (inf: none; every other limit is a count)."""
         start = time.perf_counter()
-        deadline = start + time_limit
         ip = self.ip
         fastest = self.evaluate(Price(1.0, self.tiny))
         if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
-            return self._answer(fastest, start, "optimal", 0.0, "")
+            return self._answer(fastest, start, "optimal", 0.0, "", fastest.bound)
         mu0 = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
         top = self.scale * 1e8
         hi = self._explore((), mu0, top, deadline)
         groups = self._groups()
         if hi is None:  # a tight budget: each uniform scheme gets the full search (mostly skipped, see _explore)
             for group in groups:
-                if time.perf_counter() > deadline:
+                if self._late(deadline):
                     break
                 self._explore(group, mu0, top, deadline)
             firsts, mixed = groups, None  # which schemes' blocks mix into a plan that fits is not known
         else:
             for group in groups:  # short searches, one per uniform scheme, rank them ...
-                if time.perf_counter() > deadline:
+                if self._late(deadline):
                     break
                 self._uniform(group, hi)
             closest = self._closest(groups)
-            if closest is not None and time.perf_counter() < deadline:
+            if closest is not None and not self._late(deadline):
                 self._explore(closest, mu0, top, deadline)  # ... and the closest one gets the full search
             firsts = [closest] if closest is not None else []
             mixed = [(), *firsts]  # the other short searches only ranked the schemes: their columns stay out
+        if any(r.peak <= ip.budget for r in self.priced):  # a bound only matters beside an answer
+            start_mu = max((r for r in self.priced if np.isfinite(r.bound)), key=lambda r: r.bound).price.b
+            self._lift_bound(start_mu / 100, start_mu * 100, deadline)
         return self._finish(start, deadline, solver, firsts, mixed)
+
+    def _lift_bound(self, lo: float, hi: float, deadline: float) -> None:
+        """Raise the lower bound: a golden-section search over log(mu) of the bound of prices (1, mu, mu/M)
+        (every checkpointed block's recomputed bytes priced at 1/M: the mean-over-blocks term of `evaluate`'s
+        bound, strong where recompute peaks fill the memory). The bound is concave in mu, so unimodal in
+        log(mu). _BOUND_STEPS prices; their minimisers also join the columns."""
+        m = len(self.ip.block_nodes)
+        if not m or not self.ip.checkpointing:
+            return
+
+        def bound(log_mu: float) -> float:
+            mu = float(np.exp(log_mu))
+            return self.evaluate(Price(1.0, mu, mu / m)).bound
+
+        a, b = np.log(lo), np.log(hi)
+        ratio = (np.sqrt(5) - 1) / 2
+        x1, x2 = b - ratio * (b - a), a + ratio * (b - a)
+        f1, f2 = bound(x1), bound(x2)
+        for _ in range(_BOUND_STEPS - 2):
+            if self._late(deadline):
+                return
+            if f1 < f2:
+                a, x1, f1 = x1, x2, f2
+                x2 = a + ratio * (b - a)
+                f2 = bound(x2)
+            else:
+                b, x2, f2 = x2, x1, f1
+                x1 = b - ratio * (b - a)
+                f1 = bound(x1)
 
     def _explore(self, only: tuple[str, ...], mu0: float, top: float, deadline: float) -> float | None:
         """The search over prices, restricted to the choices labelled `only` (all when empty): the cheapest
@@ -204,7 +255,7 @@ class PricedSolve:
         if hi is None:
             least = self.evaluate(Price(0.0, 1.0, 1.0, only=only))
             for cap in self._caps(least.choice, _CAPS_TIGHT, only):
-                if time.perf_counter() > deadline:
+                if self._late(deadline):
                     break
                 self._least_first(Price(1.0, 0.0, cap=cap, only=only), mu0, top, deadline)
             return None
@@ -212,7 +263,7 @@ class PricedSolve:
         best = min((r for r in self.priced if r.peak <= ip.budget and r.price.only == only),
                    key=lambda r: r.time_s)
         for cap in self._caps(best.choice, 0, only):
-            if time.perf_counter() > deadline:
+            if self._late(deadline):
                 break
             for mu in (hi, hi / 4):
                 self.evaluate(Price(1.0, mu, 0.0, cap, only))
@@ -247,7 +298,7 @@ class PricedSolve:
         ip = self.ip
         limit = self.evaluate(replace(base, b=top, c=top if tie else base.c))
         lo, hi = 0.0, (top if limit.peak <= ip.budget else None)
-        while mu < top and time.perf_counter() < deadline:
+        while mu < top and not self._late(deadline):
             r = self.evaluate(replace(base, b=mu, c=mu if tie else base.c))
             if r.peak <= ip.budget:
                 hi = mu
@@ -258,7 +309,7 @@ class PricedSolve:
         if hi is None:
             return None
         for _ in range(steps):
-            if time.perf_counter() > deadline or (lo > 0 and hi / lo < _SEARCH_RATIO):
+            if self._late(deadline) or (lo > 0 and hi / lo < _SEARCH_RATIO):
                 break
             mid = np.sqrt(lo * hi) if lo > 0 else hi / 10
             if self.evaluate(replace(base, b=mid, c=mid if tie else base.c)).peak <= ip.budget:
@@ -315,26 +366,26 @@ class PricedSolve:
         answer = (best.choice, best.ckpt, best.time_s) if best is not None else None
         # First the column ILPs of single uniform schemes' blocks (small and quick: each answer is what
         # planning with that scheme alone would find, and prunes the next ILP), then the ILP of all blocks.
-        # They get at most the search's time together, resp. twice it (at least a second): past that the
-        # improvements are small, and some column sets make HiGHS slow to prove optimality.
-        searched = time.perf_counter() - start
-        share = max(1.0, searched / max(len(firsts), 1))
-        rounds = [([group], share) for group in firsts] + [(mixed, max(1.0, 2 * searched))]
-        for only, seconds in rounds:
+        # Each stops at its node limit (past it the improvements are small, and some column sets make HiGHS
+        # slow to prove optimality); the answer then says so.
+        rounds = [([group], _ILP_NODES_UNIFORM) for group in firsts] + [(mixed, _ILP_NODES_MIXED)]
+        cut = False
+        for only, nodes in rounds:
             upper = answer[2] if answer is not None else np.inf
             outer = self._outer(only)
             every = outer.points
             outer.points = self._usable(every, outer.allowed, upper)
-            rnd = outer.outer("time", solver, min(deadline, time.perf_counter() + seconds), upper, rel_gap=_ILP_GAP)
+            rnd = outer.outer("time", solver, deadline, upper, rel_gap=_ILP_GAP, node_limit=nodes)
+            cut = cut or rnd.res.status not in ("optimal", "infeasible")
             if rnd.res.x is not None and rnd.value < upper:
                 answer = (rnd.choice, rnd.ckpt, rnd.value)
         self.stats["columns"] = float(sum(len(p) for p in outer.points))
         if answer is not None:
             value = answer[2]
             gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
-            return self._solution(*answer, start, gap, solver, rnd.res.status)
+            return self._solution(*answer, start, gap, solver, cut, bound)
         outer.points = every  # the least memory may use columns that do not fit: all of the last round's
-        least = outer.outer("memory", solver, max(deadline, time.perf_counter() + 10.0))
+        least = outer.outer("memory", solver, deadline)
         found = LeastMemory(int(least.value), least.choice, least.ckpt, False,
                             "smallest feasible budget found by the priced search (an upper bound; not proven "
                             "minimal)") if least.res.x is not None else LeastMemory(
@@ -411,23 +462,26 @@ class PricedSolve:
             out.append(_undominated(list(seen.values())))
         return out
 
-    def _answer(self, r: _Priced, start: float, status: str, gap: float, message: str) -> Solution:
+    def _answer(self, r: _Priced, start: float, status: str, gap: float, message: str, bound: float) -> Solution:
         return Solution(status=status, choice=dict(zip(self.ip.names, r.choice)),
                         checkpointed=[self.ip.block_names[b] for b in r.ckpt], objective=r.time_s, gap=gap,
                         seconds=time.perf_counter() - start, solver="dp", peak_bytes=r.peak, method="priced",
-                        message=message)
+                        message=message, bound=bound)
 
     def _solution(self, choice: list[int], ckpt: list[int], value: float, start: float, gap: float,
-                  solver: str, ilp_status: str) -> Solution:
+                  solver: str, cut: bool, bound: float) -> Solution:
         ip = self.ip
         status = "optimal" if gap <= GAP_TOLERANCE else "feasible"
-        message = "" if status == "optimal" else f"within {100 * gap:.2f}% of the lower bound"
-        if ilp_status not in ("optimal", "infeasible"):
-            message += "; the column ILP stopped at the time limit"
+        notes = [] if status == "optimal" else ["not proven optimal: the priced search's lower bound stays below it"]
+        if cut:
+            notes.append("a column ILP stopped at its node limit")
+        if self.stopped:
+            notes.append("the time limit cut the search short")
         return Solution(status=status, choice=dict(zip(ip.names, choice)),
-                        checkpointed=[ip.block_names[b] for b in ckpt], objective=value, gap=gap,
+                        checkpointed=[ip.block_names[b] for b in ckpt], objective=value, gap=float(gap),
                         seconds=time.perf_counter() - start, solver=resolve_solver(solver),
-                        peak_bytes=evaluate_indexed(ip, choice, ckpt)[1], method="priced", message=message)
+                        peak_bytes=evaluate_indexed(ip, choice, ckpt)[1], method="priced", message="; ".join(notes),
+                        bound=bound)
 
 
 def _undominated(points: list[FrontierPoint]) -> list[FrontierPoint]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import solve_milp
@@ -41,14 +43,14 @@ def infeasible_or_fallback(ip: IndexedProblem, least: LeastMemory, base: dict) -
     return Solution(status="infeasible", min_feasible_budget=least.peak_bytes, message=least.message, **fields)
 
 
-def solve_built(ip: IndexedProblem, build: Build, *, solver: str, time_limit: float, method: str) -> Solution:
+def solve_built(ip: IndexedProblem, build: Build, *, solver: str, deadline: float, method: str) -> Solution:
     """Minimise step time under `ip.budget` with the models `build(mode, budget)` gives.
 
     The solver's feasibility tolerance times a byte-sized coefficient can hide a few bytes; an answer that
     re-evaluates above the budget is solved again with the memory row tightened by 1, 4, 16... times the
-    excess (the answer may then miss an optimum within those bytes of the budget, which it says)."""
+    excess (the answer may then miss an optimum within those bytes of the budget, which it says).
+    `deadline`: a time.perf_counter() value past which the user's time limit stops the solver (inf: none)."""
     start = time.perf_counter()
-    deadline = start + time_limit
     cap, shrink = ip.budget, 0
     for _ in range(_TOLERANCE_RETRIES + 1):
         built = build("time", cap)
@@ -65,6 +67,7 @@ def solve_built(ip: IndexedProblem, build: Build, *, solver: str, time_limit: fl
                 status=res.status, choice=_named(ip, choice), checkpointed=[ip.block_names[b] for b in ckpt],
                 objective=time_s, gap=res.gap, seconds=time.perf_counter() - start, solver=res.solver,
                 peak_bytes=peak, method=method, message="; ".join(notes),
+                bound=res.bound / built.scale if np.isfinite(res.bound) else float("nan"),
             )
         shrink = max(4 * shrink, peak - ip.budget)
         log.warning("solver answer exceeds the budget by %d B (tolerance); tightening by %d B and solving again",
@@ -72,11 +75,11 @@ def solve_built(ip: IndexedProblem, build: Build, *, solver: str, time_limit: fl
         cap = ip.budget - shrink
     base = dict(seconds=0.0, solver=res.solver, method=method)
     if res.status == "infeasible" or res.x is not None:
-        least = least_memory(ip, build, solver=solver, deadline=time.perf_counter() + time_limit)
+        least = least_memory(ip, build, solver=solver, deadline=deadline)
         base["seconds"] = time.perf_counter() - start
         return infeasible_or_fallback(ip, least, base)
     message = res.message or f"solver status {res.status}"
     if "time" in message.lower():
-        message += f"; no assignment found within time_limit={time_limit:g} s: raise time_limit"
+        message += "; no assignment found within the time limit: raise time_limit"
     return Solution(status="error", seconds=time.perf_counter() - start, solver=res.solver, method=method,
                     message=message)

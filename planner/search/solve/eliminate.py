@@ -14,6 +14,7 @@ values of the nodes kept to the end.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,9 +61,36 @@ def _combine(factors: list[tuple[list[int], np.ndarray]], scope: list[int], size
     return total
 
 
+def _schedule(order: list[int], sizes: dict[int, int], factors: list[list[int]],
+              kept: list[int]) -> list[tuple[int, list[int]]]:
+    """(node, scope) per elimination step: next the node whose table is smallest (ties: `order`)."""
+    rank = {v: i for i, v in enumerate(order)}
+    todo = [v for v in order if v not in kept]
+    # near[v]: v and the nodes that share a factor with it (the scope of its elimination table), kept up
+    # to date as nodes go instead of recomputed from every factor (which made the order quadratic)
+    near: dict[int, set[int]] = {}
+    for nodes in factors:
+        for u in nodes:
+            near.setdefault(u, set()).update(nodes)
+
+    def table_size(x: int) -> tuple[float, int]:
+        return float(math.prod(sizes[u] for u in near.get(x, {x}))), rank[x]
+
+    steps = []
+    while todo:
+        x = min(todo, key=table_size)
+        todo.remove(x)
+        scope = sorted(near.get(x, {x}) - {x}, key=lambda u: (u not in kept, rank.get(u, -1), u))
+        for u in scope:
+            near[u] = (near[u] | set(scope)) - {x}
+        near.pop(x, None)
+        steps.append((x, scope))
+    return steps
+
+
 def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarray],
               incoming: dict[int, list[tuple[int, np.ndarray]]], keep: list[int] | tuple[int, ...] = (),
-              start: list[int] | tuple[int, ...] = ()) -> Sweep:
+              start: list[int] | tuple[int, ...] = (), memo: dict | None = None) -> Sweep:
     """Minimise sum_v unary[v][c_v] + sum over edges (u -> v) of M[c_u, c_v] over the nodes of `order`.
 
     order: the nodes to minimise over (their unary costs and incoming edges count); ties in the
@@ -71,6 +99,9 @@ def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarr
         those edges.
     incoming[v]: (u, M) with M of shape (sizes[u], sizes[v]).
     keep: nodes (of `start` or `order`) not minimised away: the result is a table over them.
+    memo: a dict that keeps the elimination order of each structure (nodes, edges, kept nodes, sizes)
+        for the next call with the same structure and other costs (the price searches sweep one block
+        many times); the order depends only on the structure, so the result is the same.
     Infinite costs forbid a choice.
     """
     factors: list[tuple[list[int], np.ndarray]] = []
@@ -79,19 +110,19 @@ def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarr
         for u, mat in incoming.get(v, ()):
             factors.append(([u, v], np.asarray(mat, dtype=float)))
     kept = list(keep)
-    rank = {v: i for i, v in enumerate(order)}
-    todo = [v for v in order if v not in kept]
+    key = None
+    if memo is not None:
+        key = (tuple(order), tuple(kept), tuple(tuple(nodes) for nodes, _ in factors),
+               tuple(sizes[u] for nodes, _ in factors for u in nodes))
+    steps = memo.get(key) if memo is not None else None
+    if steps is None:
+        steps = _schedule(order, sizes, [nodes for nodes, _ in factors], kept)
+        if memo is not None:
+            memo[key] = steps
     records: list[_Record] = []
-    def table_size(x: int, factors: list[tuple[list[int], np.ndarray]]) -> tuple[float, int]:
-        near = {u for nodes, _ in factors if x in nodes for u in nodes}
-        return float(np.prod([sizes[u] for u in near])), rank[x]
-
-    while todo:
-        x = min(todo, key=lambda v: table_size(v, factors))
-        todo.remove(x)
+    for x, scope in steps:
         mine = [f for f in factors if x in f[0]]
         factors = [f for f in factors if x not in f[0]]
-        scope = sorted({u for nodes, _ in mine for u in nodes} - {x}, key=lambda u: (u not in kept, rank.get(u, -1), u))
         table = _combine(mine, scope + [x], sizes)
         arg = np.argmin(table, axis=-1)
         records.append(_Record(x, scope, arg))

@@ -16,7 +16,7 @@ import numpy as np
 from cost_models.errors import PlannerError
 from planner.search.solve.problem import Problem
 
-__all__ = ["ProblemError", "IndexedEdge", "IndexedProblem"]
+__all__ = ["ProblemError", "IndexedEdge", "IndexedProblem", "fold_fixed_edges"]
 
 
 class ProblemError(PlannerError, ValueError):
@@ -55,11 +55,12 @@ class IndexedProblem:
     choice; one entry, choice 0, when the block has no input node). `block_of[v]` is v's block or -1.
     """
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Problem, budget: int | None = None) -> None:
+        """`budget`: the per-rank bytes to solve for (default: `problem.budget_bytes`)."""
         self.problem = problem
-        self.budget = int(problem.budget_bytes)
+        self.budget = int(problem.budget_bytes if budget is None else budget)
         if self.budget < 0:
-            raise ProblemError(f"budget_bytes is {problem.budget_bytes}; it must be >= 0")
+            raise ProblemError(f"the budget is {self.budget} bytes; it must be >= 0")
         self.checkpointing = bool(problem.checkpointing)
         self.names: list[str] = [n.name for n in problem.nodes]
         self.index: dict[str, int] = {}
@@ -206,3 +207,35 @@ class IndexedProblem:
         variables, and with the solvers' feasibility tolerance (1e-9 here) far below one byte up to
         petabytes, so the memory row can be exact in whole bytes."""
         return 1 << max(0, math.ceil(math.log2(self.memory_magnitude() / 2**24)))
+
+
+def fold_fixed_edges(ip: IndexedProblem) -> int:
+    """Fold every edge with a one-choice end into the other end's own costs; returns how many were folded.
+
+    An edge whose source has one choice is a vector over its destination's choices: its time, its
+    recompute (counted when the destination's block is checkpointed, as the destination's own recompute
+    is) and its working set (a candidate for the max term and for the destination's work) are exactly
+    the destination's own terms. An edge whose destination has one choice folds into its source the same
+    way when both ends share a block (or it has no recompute or working set). Time and peak of every
+    assignment are unchanged (`evaluate_indexed` gives the same figures), but HF graphs lose the edges
+    from their one-choice mask and rotary tables into every layer, which let the blocks have one port
+    (decomposable) and shrink the flat ILP. Changes `ip` in place: call it on the solver's own view only.
+    """
+    kept: list[IndexedEdge] = []
+    for e in ip.edges:
+        if ip.sizes[e.src] == 1:
+            into, cost, rec, work = e.dst, e.cost[0], e.recompute[0], None if e.transient is None else e.transient[0]
+        elif ip.sizes[e.dst] == 1 and (ip.block_of[e.src] == ip.block_of[e.dst]
+                                       or (e.transient is None and not e.recompute.any())):
+            into, cost, rec, work = e.src, e.cost[:, 0], e.recompute[:, 0], (
+                None if e.transient is None else e.transient[:, 0])
+        else:
+            kept.append(e)
+            continue
+        ip.time[into] = ip.time[into] + cost
+        ip.recompute[into] = ip.recompute[into] + rec
+        if work is not None:
+            ip.transient[into] = np.maximum(ip.transient[into], work)
+    folded = len(ip.edges) - len(kept)
+    ip.edges = kept
+    return folded

@@ -19,11 +19,15 @@ import numpy as np
 
 from cost_models.errors import PlannerError
 
-__all__ = ["SolverError", "MilpModel", "MilpResult", "Progress", "solve_milp", "resolve_solver"]
+__all__ = ["NODE_LIMIT", "SolverError", "MilpModel", "MilpResult", "Progress", "solve_milp", "resolve_solver"]
 
 log = logging.getLogger(__name__)
 
 SOLVERS = ("highs", "cbc")
+# Branch-and-bound nodes one MILP may explore. Limits are counted in work, never in seconds, so that an
+# answer does not depend on how busy the machine is (a plan is a function of its inputs); a wall-clock
+# `time_limit` is only applied when the user asks for one.
+NODE_LIMIT = 20_000
 
 
 class SolverError(PlannerError, ValueError):
@@ -190,21 +194,24 @@ def resolve_solver(solver: str) -> str:
 
 
 def solve_milp(
-    model: MilpModel, *, solver: str = "highs", time_limit: float = 60.0, rel_gap: float = 1e-9,
-    abs_gap: float = 0.0, cutoff: float = np.inf,
+    model: MilpModel, *, solver: str = "highs", time_limit: float | None = None, rel_gap: float = 1e-9,
+    abs_gap: float = 0.0, cutoff: float = np.inf, node_limit: int | None = NODE_LIMIT,
 ) -> MilpResult:
-    """Solve `model` with the named back end ("highs" or "cbc") within `time_limit` seconds. `cutoff`: an
-    objective value known to be reachable (HiGHS prunes every branch that cannot beat it)."""
+    """Solve `model` with the named back end ("highs" or "cbc"). `node_limit`: branch-and-bound nodes at
+    most (work, so the answer is reproducible); `time_limit`: seconds (None or inf: none, the default;
+    a finite one makes the answer depend on the machine's speed). `cutoff`: an objective value known to
+    be reachable (HiGHS prunes every branch that cannot beat it)."""
     name = resolve_solver(solver)
     if model.trivially_infeasible:
         return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, name)
     if model.num_vars == 0:
         return MilpResult("optimal", np.zeros(0), model.offset, model.offset, 0.0, 0.0, name)
     start = time.perf_counter()
+    seconds = None if time_limit is None or not np.isfinite(time_limit) else max(float(time_limit), 0.01)
     if name == "highs":
-        result = _solve_highs(model, max(time_limit, 0.01), rel_gap, abs_gap, cutoff)
+        result = _solve_highs(model, seconds, rel_gap, abs_gap, cutoff, node_limit)
     else:
-        result = _solve_cbc(model, max(time_limit, 0.01), rel_gap, abs_gap)
+        result = _solve_cbc(model, seconds, rel_gap, abs_gap, node_limit)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -238,7 +245,8 @@ def _quiet_highs() -> object:
     return h
 
 
-def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float, cutoff: float) -> MilpResult:
+def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs_gap: float, cutoff: float,
+                 node_limit: int | None) -> MilpResult:
     import highspy
 
     a = model.arrays()
@@ -252,7 +260,10 @@ def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: f
     lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a["start"], a["index"], a["value"]
     lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in a["integer"]]
     h = _quiet_highs()
-    h.setOptionValue("time_limit", float(time_limit))
+    if time_limit is not None:
+        h.setOptionValue("time_limit", time_limit)
+    if node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(node_limit))
     h.setOptionValue("mip_rel_gap", float(rel_gap))
     h.setOptionValue("mip_abs_gap", float(abs_gap))
     h.setOptionValue("primal_feasibility_tolerance", 1e-9)
@@ -280,7 +291,8 @@ def _solve_highs(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: f
                       nodes)
 
 
-def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: float) -> MilpResult:
+def _solve_cbc(model: MilpModel, time_limit: float | None, rel_gap: float, abs_gap: float,
+               node_limit: int | None) -> MilpResult:
     import pulp
 
     a = model.arrays()
@@ -306,7 +318,7 @@ def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: flo
             prob += expr >= float(lo)
         if np.isfinite(hi):
             prob += expr <= float(hi)
-    options = dict(msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap)
+    options = dict(msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap, maxNodes=node_limit)
     if pulp.COIN_CMD(msg=False).available():  # a system CBC (pip install pulp[cbc]): PuLP 4's way
         cmd = pulp.COIN_CMD(**options)
     else:
@@ -321,5 +333,5 @@ def _solve_cbc(model: MilpModel, time_limit: float, rel_gap: float, abs_gap: flo
         obj = float(a["cost"] @ x) + model.offset
         if prob.sol_status == pulp.LpSolutionOptimal:
             return MilpResult("optimal", x, obj, obj, 0.0, 0.0, "cbc")
-        return MilpResult("feasible", x, obj, np.nan, np.nan, 0.0, "cbc", "CBC stopped at the time limit")
+        return MilpResult("feasible", x, obj, np.nan, np.nan, 0.0, "cbc", "CBC stopped at its node or time limit")
     return MilpResult("error", None, np.nan, np.nan, np.nan, 0.0, "cbc", f"CBC: {pulp.LpStatus[prob.status]}")

@@ -2,7 +2,7 @@
 
 Peaks are whole bytes, so a minimum is proven when the solver's lower bound is within half a byte of the
 re-evaluated peak of its best assignment. When the bound does not prove it (a time limit, tolerances),
-the budget "one byte less" is tried until it is infeasible.
+the budget "one byte less" is tried until it is infeasible (at most _STEPS times: a count, not seconds).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from planner.search.solve.milp import solve_milp
 __all__ = ["LeastMemory", "least_memory"]
 
 Build = Callable[[str, "int | None"], BuiltModel]
+_STEPS = 8  # "one byte less" re-solves at most
 
 
 @dataclass
@@ -43,7 +44,9 @@ def least_memory(ip: IndexedProblem, build: Build, *, solver: str, deadline: flo
     choice, ckpt = built.extract(res.x)
     peak = evaluate_indexed(ip, choice, ckpt)[1]
     proven = res.status == "optimal" and res.bound * built.unit >= peak - 0.5
-    while not proven and time.perf_counter() < deadline:
+    for _ in range(_STEPS):
+        if proven or time.perf_counter() > deadline:
+            break
         built = build("memory", peak - 1)
         res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), rel_gap=0.0,
                          abs_gap=0.25 / built.unit)

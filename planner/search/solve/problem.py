@@ -97,10 +97,11 @@ class Problem:
 
 @dataclass
 class Solution:
-    """status: "optimal", "feasible" (time limit hit, gap > 0), "infeasible" or "error".
+    """status: "optimal" (proven: the gap to a lower bound closed), "feasible" (not proven: `gap` is the
+    relative distance to the lower bound `bound`, NaN when none is known), "infeasible" or "error".
 
-    `method` says how it was found ("flat", "two_level", "brute_force"); `message` explains an "error"
-    status or an unproven figure in plain words (empty otherwise).
+    `method` says how it was found ("flat", "priced", "two_level", "brute_force"); `message` explains an
+    "error" status or an unproven figure in plain words (which limit stopped the solver; empty otherwise).
     """
 
     status: str
@@ -114,3 +115,4 @@ class Solution:
     min_feasible_budget: int | None = None
     method: str = ""
     message: str = ""
+    bound: float = float("nan")  # a proven lower bound on the optimum (seconds); NaN when none is known

@@ -45,7 +45,7 @@ from planner.search.solve.frontier import FrontierPoint, FrontierTimeout, block_
 from planner.search.solve.ilp import ONE, BuiltModel, IlpBuilder, LinExpr
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.lagrange import LagrangeBound, Weights, best_multiplier
-from planner.search.solve.milp import MilpResult, resolve_solver, solve_milp
+from planner.search.solve.milp import NODE_LIMIT, MilpResult, resolve_solver, solve_milp
 from planner.search.solve.min_budget import LeastMemory
 from planner.search.solve.problem import Solution
 
@@ -131,16 +131,18 @@ class TwoLevel:
                           np.inf)
         return self.outer(mode, solver, deadline, upper)
 
-    def outer(self, mode: str, solver: str, deadline: float, upper: float = np.inf, rel_gap: float = 1e-9) -> _Round:
+    def outer(self, mode: str, solver: str, deadline: float, upper: float = np.inf, rel_gap: float = 1e-9,
+              node_limit: int | None = NODE_LIMIT) -> _Round:
         """The outer ILP over the current `points` and the exact value of its answer (see `_round`);
-        `rel_gap`: the relative gap at which a time-mode solve may stop."""
+        `rel_gap`: the relative gap at which a time-mode solve may stop; `node_limit`: its branch-and-bound
+        nodes at most."""
         cap, shrink = (self.ip.budget if mode == "time" else None), 0
         for _ in range(4):
             built = self.build(mode, cap)
             gaps = {"rel_gap": rel_gap} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
             slack = 1e-7 * abs(upper) if mode == "time" else 1.0
             res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(),
-                             cutoff=(upper + slack) * built.scale, **gaps)
+                             cutoff=(upper + slack) * built.scale, node_limit=node_limit, **gaps)
             if res.x is None:
                 return _Round(res, built, [], [], np.inf)
             choice, ckpt = built.extract(res.x)
@@ -203,10 +205,10 @@ class TwoLevel:
         message = "" if proven else f"smallest feasible budget {int(rnd.value)} B is an upper bound (not proven)"
         return LeastMemory(int(rnd.value), rnd.choice, rnd.ckpt, proven, message)
 
-    def solve(self, solver: str, time_limit: float) -> Solution:
-        """The fastest assignment under the budget, as a Solution (method "two_level")."""
+    def solve(self, solver: str, deadline: float) -> Solution:
+        """The fastest assignment under the budget, as a Solution (method "two_level"); `deadline`: a
+        time.perf_counter() value where the user's time limit stops it (inf: none)."""
         start = time.perf_counter()
-        deadline = start + time_limit
         ip = self.ip
         if self.bound.evaluate(Weights(0.0, 1.0, 0.0)) > ip.budget:  # even the least memory exceeds the budget
             base = dict(seconds=0.0, solver=resolve_solver(solver), method="two_level")
@@ -219,7 +221,7 @@ class TwoLevel:
         least: list[LeastMemory] = []
 
         def still_feasible() -> bool:
-            least.append(self.least(solver, max(deadline, time.perf_counter() + time_limit)))
+            least.append(self.least(solver, deadline))
             fits = least[0].peak_bytes is not None and least[0].peak_bytes <= ip.budget
             if fits:  # the memory rounds replaced the bound's weights: restore them
                 self.bound.evaluate(Weights(1.0, mu, mu * ip.budget), keep=True)
@@ -233,16 +235,17 @@ class TwoLevel:
                 status="optimal" if proven else "feasible", choice=dict(zip(ip.names, rnd.choice)),
                 checkpointed=[ip.block_names[b] for b in rnd.ckpt], objective=rnd.value, gap=gap, seconds=seconds,
                 solver=rnd.res.solver, peak_bytes=evaluate_indexed(ip, rnd.choice, rnd.ckpt)[1], method="two_level",
-                message="" if proven else "time limit reached before the answer was proven optimal",
+                bound=rnd.value if proven else floor,
+                message="" if proven else "stopped at a node or time limit before the answer was proven optimal",
             )
         if rnd.res.status == "infeasible":
             if not least:
-                least.append(self.least(solver, max(deadline, time.perf_counter() + time_limit)))
+                least.append(self.least(solver, deadline))
             base = dict(seconds=time.perf_counter() - start, solver=rnd.res.solver, method="two_level")
             return infeasible_or_fallback(ip, least[0], base)
         message = rnd.res.message or f"solver status {rnd.res.status}"
         return Solution(status="error", seconds=seconds, solver=rnd.res.solver, method="two_level",
-                        message=f"{message}; no assignment found within time_limit={time_limit:g} s: raise time_limit")
+                        message=f"{message}; no assignment found within the solver's limits: raise time_limit")
 
     def build(self, mode: str, budget: int | None) -> BuiltModel:
         """The outer ILP (see the module docstring) over `self.points` for mode "time" or "memory"."""

@@ -1,0 +1,134 @@
+"""Solver quality and speed at tight budgets: plan time, the reported gap, and the exact flat ILP's optimum.
+
+    python bench/solver_quality.py                                   # every model, 8 and 64 ranks
+    python bench/solver_quality.py --model hf-mistral --ranks 8 --flat-cap 600
+    python bench/solver_quality.py --llama                           # LLaMA-3-8B shape on 64 ranks
+
+Per model and world size: the smallest budget the planner reports (planning at 1 byte, timed: the
+smallest-budget search), then five budgets from it to 4x it. Per budget: `plan()` seconds (capture
+excluded), the plan's solver status and gap (to the solver's proven lower bound), and, on the plan's mesh,
+the priced/auto solve's objective next to the exact flat ILP's (`solve(method="flat")`, given
+`--flat-cap` seconds; "-" when it did not finish). Models: the built-in examples and tiny HF configs
+(`bench/hf_tiny.py`: Llama, Mistral, Qwen2, GPT-NeoX, OPT, BERT; 2 layers, hidden 64, vocab 512, batch
+8 x 32). `--llama`: LLaMA-3-8B on the meta device (bf16, batch 64 x 2048) on 64 ranks at 20/40/80 GiB (default hardware and bytes per parameter),
+capture and plan timed apart. Timings depend on the machine's load; plans and gaps do not (every solver
+limit is counted in work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # hf_tiny; this checkout
+
+from hf_tiny import HF_TINY, build_hf_tiny, llama3_8b_meta  # noqa: E402
+
+from cost_models.hardware import load_profile  # noqa: E402
+from planner import InfeasibleError, get_example, plan  # noqa: E402
+from planner.search.build import build_problem  # noqa: E402
+from planner.search.solve import solve  # noqa: E402
+from planner.trace.tracer import capture  # noqa: E402
+from planner.units import format_bytes  # noqa: E402
+
+BUILTIN = ["mlp", "gpt-tiny", "hf-gpt2", "gpt2-small", "gpt2-xl", "gpt3-175b"]
+FACTORS = (1.0, 1.25, 1.5, 2.0, 4.0)
+HARDWARE = "a100-80gb"
+WORKERS = 1
+
+
+def _graph(name: str):
+    if name in HF_TINY:
+        model, inputs = build_hf_tiny(name)
+    else:
+        ex = get_example(name)
+        model, inputs = ex.model, ex.example_inputs
+    return capture(model, inputs, name=name)
+
+
+def _timed(fn, *args, **kwargs):
+    """fn(*args, **kwargs)'s result (or the InfeasibleError it raised), wall seconds and this process's CPU seconds (with
+    workers=1 every mesh is planned in this process: on a loaded machine CPU seconds are the fairer figure)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        out = fn(*args, **kwargs)
+    except InfeasibleError as e:
+        out = e
+    return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _smallest(graph, world: int) -> tuple[int | None, float, float]:
+    out, wall, cpu = _timed(plan, graph, 1, world_size=world, hardware=HARDWARE, workers=WORKERS)
+    need = out.min_budget_bytes if isinstance(out, InfeasibleError) else out.predicted.bound_bytes
+    return need, wall, cpu
+
+
+def _flat(graph, mesh, budget: int, cap: float) -> tuple[float | None, float | None, float]:
+    """(auto objective, flat optimum or None, flat seconds) of the solver's problem on `mesh`."""
+    hw = load_profile(HARDWARE)
+    built = build_problem(graph, mesh, hw, budget, device=hw.device, bytes_per_param=16, schemes=None)
+    auto = solve(built.problem)
+    start = time.perf_counter()
+    flat = solve(built.problem, method="flat", time_limit=cap) if cap > 0 else None
+    seconds = time.perf_counter() - start
+    best = flat.objective if flat is not None and flat.status == "optimal" else None
+    return (auto.objective if auto.status in ("optimal", "feasible") else None), best, seconds
+
+
+def quality(names: list[str], ranks: list[int], flat_cap: float) -> None:
+    print("| model | ranks | budget | plan s wall / cpu | status | gap | auto objective | flat optimum (s) |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|")
+    for name in names:
+        graph = _graph(name)
+        for world in ranks:
+            need, wall, cpu = _smallest(graph, world)
+            print(f"| {name} | {world} | smallest {format_bytes(need) if need else '-'} | {wall:.1f} / {cpu:.1f} "
+                  "| | | | |", flush=True)
+            if need is None:
+                continue
+            for f in FACTORS:
+                budget = int(math.ceil(need * f))
+                p, wall, cpu = _timed(plan, graph, budget, world_size=world, hardware=HARDWARE, workers=WORKERS)
+                if isinstance(p, InfeasibleError):
+                    print(f"| {name} | {world} | {format_bytes(budget)} | {wall:.1f} / {cpu:.1f} | infeasible "
+                          "| | | |", flush=True)
+                    continue
+                s = p.solver
+                gap = "-" if s.gap is None else f"{s.gap:.2%}"
+                auto, best, fsecs = _flat(graph, p.mesh, budget, flat_cap)
+                ref = "-" if best is None else f"{best * 1e3:.4f} ms ({fsecs:.0f} s)"
+                print(f"| {name} | {world} | {format_bytes(budget)} | {wall:.1f} / {cpu:.1f} | {s.status} | {gap} | "
+                      f"{'-' if auto is None else f'{auto * 1e3:.4f} ms'} | {ref} |", flush=True)
+
+
+def llama(budgets: list[str]) -> None:
+    print("| LLaMA-3-8B, 64 ranks | capture s wall / cpu | plan s wall / cpu | status | gap | step ms |")
+    print("|---|---:|---:|---|---:|---:|")
+    for b in budgets:
+        model, inputs = llama3_8b_meta()
+        graph, cwall, ccpu = _timed(capture, model, inputs, name="llama3-8b")
+        p, wall, cpu = _timed(plan, graph, b, world_size=64, workers=WORKERS)
+        gap = "-" if p.solver.gap is None else f"{p.solver.gap:.2%}"
+        print(f"| {b} | {cwall:.1f} / {ccpu:.1f} | {wall:.1f} / {cpu:.1f} | {p.solver.status} | {gap} | "
+              f"{p.predicted.step_time_s * 1e3:.1f} |", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", help=f"models (default: {', '.join(BUILTIN + list(HF_TINY))})")
+    ap.add_argument("--ranks", type=int, action="append", help="world sizes (default: 8 and 64)")
+    ap.add_argument("--flat-cap", type=float, default=600.0, help="seconds for the flat ILP reference (0: skip)")
+    ap.add_argument("--llama", action="store_true", help="the LLaMA-3-8B shape on 64 ranks instead")
+    ap.add_argument("--llama-budgets", default="20GiB,40GiB,80GiB")
+    args = ap.parse_args()
+    if args.llama:
+        llama(args.llama_budgets.split(","))
+        return
+    quality(args.model or BUILTIN + list(HF_TINY), args.ranks or [8, 64], args.flat_cap)
+
+
+if __name__ == "__main__":
+    main()
