@@ -112,7 +112,7 @@ def test_capture_is_the_function_every_time_also_after_planning() -> None:
             "check()\n"
             "ex = get_example('mlp')\n"
             "p = planner.plan(ex.model, '1GiB', world_size=2, example_inputs=ex.example_inputs, workers=1)\n"
-            "import planner.verify.run, planner.cli.calibrate, planner.calibrate.run, planner.apply.rewrite, planner.trace.tracer\n"
+            "import planner.verify.run, planner.cli.verify, planner.cli.calibrate, planner.calibrate.run, planner.apply.rewrite, planner.trace.tracer\n"
             "check()\n"
             "assert 'per_op=[' in repr(p.predicted) and 'OpPrediction' not in repr(p.predicted)\n"
             "print('ok')\n")

@@ -25,7 +25,7 @@ from layers3d.redistribute import redistribute
 from planner.apply.values import ApplyError
 from planner.plans.format import Assignment
 
-__all__ = ["LayerContext", "ParamHome", "build_layer", "TiedLayer", "stored_placement"]
+__all__ = ["LayerContext", "ParamHome", "build_layer", "TiedLayer", "stored_placement", "layer_path"]
 
 Axes = tuple[str, ...]
 
@@ -93,7 +93,19 @@ def build_layer(op: OpNode, a: Assignment, ctx: LayerContext) -> tuple[str, nn.M
         raise ApplyError(str(e)) from e
     if layer is None:
         return None
-    return (op.module_path or op.name), _place(ctx, op, layer)
+    return layer_path(op), _place(ctx, op, layer)
+
+
+def layer_path(op: OpNode) -> str:
+    """Where `op`'s layer sits in the parallel module. An op with parameters is a module of its own (a
+    linear, an embedding, a norm): its layer takes that module's path, so the parallel model's keys are the
+    dense ones. An op without parameters (the loss) is a call inside some module's forward, whose path is
+    that module's: a HF model computing its own loss inside a wrapper gives the path of the whole HF model
+    ("m"), and a layer put there would replace it, with every layer under it. So it gets a path of its
+    own under that module ("m.cross_entropy_loss")."""
+    if op.params:
+        return op.module_path or op.name
+    return f"{op.module_path}.{op.name}" if op.module_path else op.name
 
 
 def _place(ctx: LayerContext, op: OpNode, layer: nn.Module) -> nn.Module:

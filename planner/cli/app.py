@@ -28,7 +28,7 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 # Modules whose import registers subcommands, in the order `planner --help` lists them.
 COMMAND_MODULES = ("planner.cli.plan", "planner.cli.explain", "planner.cli.frontier", "planner.cli.calibrate",
-                   "planner.verify.run")
+                   "planner.cli.verify")
 
 EXIT_USER_ERROR = 2
 EXIT_INFEASIBLE = 3

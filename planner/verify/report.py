@@ -35,12 +35,14 @@ def rel_error(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) -> floa
 
 @dataclass
 class ErrorRow:
-    """One compared quantity: its name, the largest relative error and which tensor had it."""
+    """One compared quantity: its name, the largest relative error and which tensor had it, how many
+    tensors were compared, and every tensor above the tolerance (name, error; worst first)."""
 
     what: str
     error: float
     worst: str = ""
     count: int = 1
+    failing: list[tuple[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -67,9 +69,12 @@ class VerifyReport:
     measured_peak: list[int] = field(default_factory=list)  # per rank: planner.verify.measure_memory.step_peak_bytes
     predicted_peak: int = 0
     peak_tol: float = 0.10
+    dropout: tuple[int, list[str]] | None = None  # (dropout ops with p > 0, mask-rule violations)
 
     # --- verdicts --------------------------------------------------------------------------------
     def numeric_ok(self) -> bool:
+        if self.dropout is not None and self.dropout[1]:
+            return False
         return all(r.error <= self.tol for r in self.errors) and all(
             abs(p - d) <= self.tol * max(abs(d), 1e-30) for d, p in self.step_losses)
 
@@ -118,6 +123,21 @@ def _table(rows: Iterable[tuple[str, ...]], header: tuple[str, ...]) -> list[str
     return out
 
 
+FAILING_LIMIT = 20
+"""At most this many failing tensors are listed per quantity (the count says how many there are)."""
+
+
+def _failing_lines(r: VerifyReport) -> list[str]:
+    lines = []
+    for e in r.errors:
+        if not e.failing:
+            continue
+        lines.append(f"  {e.what}: {len(e.failing)} of {e.count} tensor(s) above the tolerance"
+                     + (f" (the worst {FAILING_LIMIT} listed)" if len(e.failing) > FAILING_LIMIT else "") + ":")
+        lines += [f"    FAIL {err:.3e}  {name}" for name, err in e.failing[:FAILING_LIMIT]]
+    return lines
+
+
 def format_report(r: VerifyReport) -> str:
     """The human-readable report (rank 0 prints it)."""
     lines = [f"planner verify: {r.model} with {r.plan} on {r.world_size} ranks, mesh {r.mesh}", ""]
@@ -127,8 +147,20 @@ def format_report(r: VerifyReport) -> str:
         err = abs(p - d) / max(abs(d), 1e-30)
         rows.append((f"loss after step {i + 1}", f"{err:.3e}", _mark(err <= r.tol), f"dense {d:.6f} parallel {p:.6f}"))
     lines += _table(rows, ("quantity", "rel. error", "", "worst / values"))
+    lines += _failing_lines(r)
+    if r.dropout is not None:
+        n, problems = r.dropout
+        lines.append(f"  dropout: {n} op(s) with p > 0; the numbers above compare dense and parallel with dropout "
+                     "off in both")
+        lines.append("  dropout masks (same where ranks hold the same elements, independent elsewhere, kept 1 - p): "
+                     + ("ok" if not problems else "FAIL"))
+        lines += [f"    FAIL {p}" for p in problems[:FAILING_LIMIT]]
+    if any(e.what.startswith("gradients") for e in r.errors):
+        lines.append("  (per tensor: max |parallel - dense| / max(its own max |dense|, a floor); the floor of gradients "
+                     "is 1e-5 x the global gradient norm, below which a gradient is rounding noise)")
     if any(e.what.startswith("parameters") for e in r.errors):
-        lines.append("  (parameters after the steps: error relative to the largest value in the state dict)")
+        lines.append("  (parameters after the steps: per tensor on its own scale, with 100 x the largest distance any "
+                     "parameter moved as the floor)")
     lines += ["", "Communication per rank, one step (bytes; rank 0; measured by layers3d.CommCounter):"]
     keys = sorted(set(r.measured_comm) | set(r.predicted_comm))
     rows = [(f"{k} ({ph})", _fmt_bytes(r.measured_comm[(k, ph)]), _fmt_bytes(r.predicted_comm[(k, ph)]),

@@ -5,7 +5,8 @@ CPU, NCCL with one GPU per rank). Each rank builds the dense model from `--seed`
 one forward and backward of both on the same inputs and then `--steps` AdamW steps of both, and checks:
 
 * numerics: the largest relative error of the outputs, the loss, every parameter gradient and (after the
-  steps) every parameter and each step's loss, against `--tol`;
+  steps) every parameter and each step's loss, against `--tol`; gradients and parameters per tensor on
+  the tensor's own scale with an absolute floor (`planner.verify.compare`), every failing tensor listed;
 * communication: the bytes `layers3d.CommCounter` records in the first step, per collective kind and
   phase, against the bytes the plan's strategies predict (exactly);
 * activations: the bytes autograd saves in the parallel forward (unique storages, per rank) against the
@@ -20,16 +21,13 @@ dies makes every rank exit with 1 within seconds, printing the failing rank's me
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import sys
 from typing import Any
 
-from planner.cli.registry import CliError, arg, command
-
-__all__ = ["verify_command", "run_verify", "main"]
+__all__ = ["run_verify"]
 
 EXIT_MISMATCH = 1
-BACKEND_GRACE_S = 30.0  # the process group's timeout is --timeout plus this
 
 
 def _loss(out: Any) -> Any:
@@ -67,24 +65,28 @@ def _call(model: Any, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
-def _check_dropout(graph: Any) -> None:
+def _check_dropout(graph: Any, parallel: Any) -> int:
+    """The number of dropout ops with p > 0 in training; refuses when one of them did not become a
+    `ParallelDropout` (its masks would follow no rule)."""
     from planner.apply.values import ApplyError
+    from planner.verify.dropout import live_dropouts
 
     live = [op.name for op in graph.nodes if op.kind == "dropout" and float(op.attrs.get("p", 0)) > 0
             and op.attrs.get("training", True)]
-    if live:
-        raise ApplyError(f"the model applies dropout (p > 0) in {len(live)} op(s), e.g. {live[0]}: its random masks "
-                         "differ between the dense and the parallel run, so they cannot be compared; build the model "
-                         "with dropout 0 (e.g. a factory that sets it) and plan it again")
+    if len(live) > len(live_dropouts(parallel)):
+        raise ApplyError(f"the model applies dropout (p > 0) in {len(live)} op(s), e.g. {live[0]}, but only "
+                         f"{len(live_dropouts(parallel))} run as ParallelDropout; build the model with dropout 0")
+    return len(live)
 
 
 def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, seed: int = 0,
                act_tol: float = 0.05, lr: float = 1e-4, adam_eps: float = 1e-6, out: Any = None,
-               agree_timeout_s: float = 300.0) -> int:
+               agree_timeout_s: float = 300.0, prepare: Any = None) -> int:
     """The per-rank body of `planner verify` inside an initialised process group; returns the exit status
     (the same on every rank). Rank 0 writes the report to `out` (default stdout). Before the first
     collective all ranks agree (`planner.apply.agree`) on the plan, the model, the inputs, the world size and
-    the settings; ranks that differ are named on every rank."""
+    the settings; ranks that differ are named on every rank. `prepare(parallel)`, when given, is called on
+    the parallel model before anything runs (the tests break a model with it)."""
     import torch
     import torch.distributed as dist
 
@@ -94,6 +96,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     from planner.apply.rewrite import apply_plan, check_inputs
     from planner.apply.state import gather_grads, gather_state_dict
     from planner.plans.format import Plan
+    from planner.verify.compare import STEP_FLOOR, compare, grad_floor, move_floor, moved
     from planner.verify.measure import SavedActivationMeter, cuda_peak_memory
     from planner.verify.predict import by_kind, by_kind_equal, predicted_collectives
     from planner.verify.report import ErrorRow, VerifyReport, format_report, rel_error
@@ -111,9 +114,21 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
           "the first collective of planner verify", timeout_s=agree_timeout_s)
     check_inputs(dense, plan, inputs)  # a plan for another model: the mismatch error naming both, not a capture error
     parallel = apply_plan(dense, plan, agree_timeout_s=agree_timeout_s)
-    _check_dropout(parallel.source_graph)
+    n_dropout = _check_dropout(parallel.source_graph, parallel)
+    if prepare is not None:
+        prepare(parallel)
     report = VerifyReport(example.name, plan_path, dist.get_world_size(), str(plan.mesh), tol, act_tol,
                           predicted_act=plan.predicted.activation_bytes)
+    act_with_masks = None
+    stack = contextlib.ExitStack()
+    if n_dropout:  # masks checked with dropout on; saved activations measured with it (the plan prices masks)
+        from planner.verify.dropout import dropout_off, mask_report
+
+        report.dropout = (n_dropout, mask_report(parallel, lambda: _call(parallel, inputs)))
+        with SavedActivationMeter.for_module(parallel) as meter:
+            _loss(_call(parallel, inputs))
+        act_with_masks = meter.bytes
+        stack.enter_context(dropout_off(parallel))  # numerics: dropout off in both models
 
     # --- one step, measured --------------------------------------------------------------------------
     out_d = _call(dense, inputs)
@@ -127,10 +142,9 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     report.errors.append(ErrorRow("loss", rel_error(loss_p, loss_d), f"dense {loss_d.item():.6f}"))
     pairs = list(zip(_float_leaves(out_p), _float_leaves(out_d)))
     report.errors.append(_worst("outputs", [(f"output {i}", rel_error(p, d)) for i, (p, d) in enumerate(pairs)]))
-    grads = gather_grads(parallel)
-    dense_params = dict(dense.named_parameters())
-    report.errors.append(_worst("gradients", [(n, rel_error(g, dense_params[n].grad)) for n, g in grads.items()
-                                              if dense_params[n].grad is not None]))
+    dense_grads = {n: p.grad for n, p in dense.named_parameters() if p.grad is not None}
+    report.errors.append(_row("gradients", compare(gather_grads(parallel), dense_grads, grad_floor(dense_grads)),
+                              tol))
     planned = [c for c in counter.records if c.tag not in ("io", "tied")]
     report.measured_comm = by_kind(planned)
     for c in counter.records:
@@ -139,8 +153,9 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     predicted = predicted_collectives(parallel.source_graph, plan)
     report.predicted_comm, report.plan_comm_total = by_kind(predicted.collectives), predicted.plan_total_bytes
     gathered: list[Any] = [None] * dist.get_world_size()
+    act_bytes = meter.bytes if act_with_masks is None else act_with_masks
     with tracked("all_gather_object", (), "measured bytes and peaks"):
-        dist.all_gather_object(gathered, (meter.bytes, dict(report.measured_comm),
+        dist.all_gather_object(gathered, (act_bytes, dict(report.measured_comm),
                                           peak.get("peak", 0) - peak.get("start", 0)))
     report.measured_act = [int(b) for b, _, _ in gathered]
     report.comm_off_ranks = [r for r, (_, comm, _) in enumerate(gathered)
@@ -151,6 +166,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
 
     # --- training steps ------------------------------------------------------------------------------
     if steps > 0:
+        before = {k: v.detach().clone() for k, v in dense.state_dict().items() if v.is_floating_point()}
         opt_d = torch.optim.AdamW(dense.parameters(), lr=lr, eps=adam_eps)
         opt_p = torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps)
         for k in range(steps):
@@ -167,11 +183,10 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
                 after_d, after_p = _loss(_call(dense, inputs)).item(), _loss(_call(parallel, inputs)).item()
             report.step_losses.append((after_d, after_p))
         state = gather_state_dict(parallel)
-        ref = dense.state_dict()
-        floats = {k: v for k, v in state.items() if ref[k].is_floating_point()}
-        floor = max((ref[k].abs().max().item() for k in floats if ref[k].numel()), default=0.0)
-        report.errors.append(_worst(f"parameters after {steps} steps", [
-            (k, rel_error(v, ref[k], floor)) for k, v in floats.items()]))
+        after = {k: v for k, v in dense.state_dict().items() if k in before}
+        report.errors.append(_row(f"parameters after {steps} steps",
+                                  compare(state, after, move_floor(moved(after, before), STEP_FLOOR)), tol))
+    stack.close()  # dropout back on: the peak below includes the masks the plan prices
     # --- peak memory of one training step (planner.verify.measure_memory), last: it moves the parameters -----
     from planner.verify.measure_memory import step_peak_bytes
 
@@ -197,58 +212,10 @@ def _worst(what: str, rows: list[tuple[str, float]]) -> Any:
     return ErrorRow(what, err, name, len(rows))
 
 
-@command("verify", "run the parallel model next to the dense one under torchrun and compare",
-         args=[arg("model", metavar="MODEL", help="built-in example name, path/to/file.py:factory or "
-                                                  "package.module:factory (the model the plan was made for)"),
-               arg("plan_file", metavar="PLAN", help="plan JSON written by `planner plan`"),
-               arg("--steps", type=int, default=0, help="AdamW steps to run after the first comparison"),
-               arg("--tol", type=float, default=1e-5, help="largest relative error allowed (default 1e-5)"),
-               arg("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)"),
-               arg("--act-tol", type=float, default=0.05,
-                   help="allowed relative difference of measured and predicted activation bytes (default 0.05)"),
-               arg("--lr", type=float, default=1e-4, help="AdamW learning rate for --steps (default 1e-4)"),
-               arg("--adam-eps", type=float, default=1e-6,
-                   help="AdamW epsilon (default 1e-6: with torch's 1e-8, parameters whose gradient is zero in "
-                        "exact arithmetic, such as the attention key bias, move by rounding noise, which no two "
-                        "summation orders reproduce)"),
-               arg("--timeout", type=float, default=300.0,
-                   help="seconds a collective (or the ranks' start-up agreement) may wait before the run stops, "
-                        "naming the collective and the ranks missing from it (default 300)")],
-         description="Run under `torchrun --standalone --nproc-per-node N -m planner verify MODEL plan.json`: "
-                     "builds the dense and the parallel model from the same seed, compares outputs, loss, "
-                     "gradients (and --steps AdamW steps), and measured against predicted communication and "
-                     "activation bytes. Exits 1 when anything is off; a failing rank stops every rank.")
-def verify_command(args: argparse.Namespace) -> int:
-    from planner.verify.guard import RankGuard, init_distributed
+def _row(what: str, c: Any, tol: float) -> Any:
+    """An ErrorRow from a `planner.verify.compare.Comparison`: the worst tensor and every failing one."""
+    from planner.verify.report import ErrorRow
 
-    if args.steps < 0 or args.tol <= 0 or args.act_tol < 0:
-        raise CliError("--steps must be >= 0, --tol > 0 and --act-tol >= 0")
-    if not args.timeout > 0:
-        raise CliError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    # The backend's own timeout comes later than the guard's deadline, so that the guard, which can name
-    # the collective and the missing peers, is the one that stops a stuck run.
-    ctx = init_distributed(timeout_s=args.timeout + BACKEND_GRACE_S)
-    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size, debug=getattr(args, "debug", False),
-                   deadline_s=args.timeout):
-        status = run_verify(args.model, args.plan_file, steps=args.steps, tol=args.tol, seed=args.seed,
-                            act_tol=args.act_tol, lr=args.lr, adam_eps=args.adam_eps, agree_timeout_s=args.timeout)
-    _shutdown()
-    return status
-
-
-def _shutdown() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m planner.verify.run MODEL plan.json ...` (the same as `planner verify`)."""
-    from planner.cli.app import main as cli_main
-
-    return cli_main(["verify", *(argv if argv is not None else sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if c.worst is None:
+        return ErrorRow(what, 0.0, "(none)", 0)
+    return ErrorRow(what, c.error, c.worst.name, len(c.rows), [(r.name, r.error) for r in c.failing(tol)])
