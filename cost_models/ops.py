@@ -19,6 +19,8 @@ OP_KINDS = (
     "linear",         # y = x @ W^T + b (nn.Linear, F.linear, aten.linear/addmm, HF Conv1D: attrs["weight_transposed"])
     "embedding",      # y = W[ids]
     "layer_norm",     # nn.LayerNorm / F.layer_norm / aten.native_layer_norm
+    "rms_norm",       # nn.RMSNorm / F.rms_norm / aten.rms_norm, and the decomposed pow/mean/rsqrt/mul pattern
+    "attention",      # F.scaled_dot_product_attention (attrs: is_causal, dropout_p, scale, enable_gqa, mask)
     "matmul",         # batched matmul of two activations (attention scores, attention @ values)
     "softmax",        # softmax / log_softmax over attrs["dim"]
     "dropout",        # attrs["p"]
@@ -27,6 +29,9 @@ OP_KINDS = (
     "reshape",        # view / reshape / flatten / unflatten (attrs["shape"]: output shape)
     "permute",        # transpose / permute (attrs["dims"]: the permutation)
     "split",          # split / chunk along attrs["dim"] with attrs["sizes"]; outputs are tuple items
+    "cat",            # cat / stack along attrs["dim"] (attrs["stack"]: a new dim)
+    "expand",         # expand / broadcast_to of size-1 dims (GQA's repeat_kv)
+    "complex_view",   # view_as_complex / view_as_real: the trailing pair dim appears or disappears
     "getitem",        # picks output attrs["index"] of a multi-output op, or indexes a tensor (attrs["index"])
     "contiguous",     # .contiguous() / clone / type casts that keep the shape
     "cross_entropy",  # F.cross_entropy(logits, targets)
@@ -36,7 +41,7 @@ OP_KINDS = (
 
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
-    "int8": 1, "uint8": 1, "bool": 1, "complex64": 8,
+    "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16,
 }
 
 

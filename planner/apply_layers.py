@@ -34,6 +34,7 @@ from layers3d.loss import vocab_parallel_cross_entropy
 from layers3d.mesh import DeviceMesh
 from layers3d.norm import ParallelLayerNorm
 from layers3d.redistribute import redistribute
+from layers3d.rms_norm import ParallelRMSNorm
 from planner.apply_values import ApplyError
 from planner.plan_format import Assignment
 
@@ -145,7 +146,7 @@ def stored_placement(layer: nn.Module, attr: str, shape: tuple[int, ...]) -> Par
         return ParamHome(layer, attr, tuple(layer.weight_dims), g.w_interleave, layer.weight_interleave_dim, shape)
     if isinstance(layer, ParallelEmbedding):
         return ParamHome(layer, attr, tuple(layer.weight_dims), 1, 0, shape)
-    if isinstance(layer, ParallelLayerNorm):
+    if isinstance(layer, (ParallelLayerNorm, ParallelRMSNorm)):
         return ParamHome(layer, attr, (layer.features,), 1, 0, shape)
     raise AssertionError(f"no placement known for {type(layer).__name__}.{attr}")
 
@@ -211,6 +212,20 @@ def _layer_norm(op: OpNode, a: Assignment, ctx: LayerContext) -> nn.Module:
     layer = ParallelLayerNorm.from_dense(dense, ctx.mesh, features=lay.dims[-1], tokens=tokens,
                                          generator=ctx.generator, device=ctx.device)
     return _place(ctx, op, layer, a, {"weight": "weight", "bias": "bias"})
+
+
+@builds("rms_norm")
+def _rms_norm(op: OpNode, a: Assignment, ctx: LayerContext) -> nn.Module:
+    lay, shape = a.inputs[0], tuple(op.attrs.get("normalized_shape", ()))
+    if lay is None or len(shape) != 1:
+        raise ApplyError(f"rms norm {op.name}: only a norm over the last dim with a planned input layout is "
+                         f"supported (normalized_shape {shape})")
+    w = ctx.param(op, "weight")
+    dense = SimpleNamespace(weight=w[1] if w else None, normalized_shape=shape, eps=op.attrs.get("eps"))
+    layer = ParallelRMSNorm.from_dense(dense, ctx.mesh, features=lay.dims[-1],
+                                       tokens=tuple(ax for d in lay.dims[:-1] for ax in d),
+                                       generator=ctx.generator, device=ctx.device)
+    return _place(ctx, op, layer, a, {"weight": "weight"})
 
 
 # --- loss ------------------------------------------------------------------------------------------

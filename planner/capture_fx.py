@@ -34,6 +34,7 @@ from planner.capture_common import (
     where_in_stack,
 )
 from planner.capture_ops import Call, Param
+from planner.capture_patterns import fuse_rms_norm
 
 __all__ = ["PlannerTracer", "LEAF_MODULES", "capture_fx", "aten_op_name"]
 
@@ -142,6 +143,9 @@ def _module_classifier(m: nn.Module) -> Callable[[Call], tuple[str, dict[str, An
         if isinstance(m, nn.LayerNorm):
             return "layer_norm", {"normalized_shape": tuple(m.normalized_shape), "eps": float(m.eps),
                                   "elementwise_affine": m.weight is not None}
+        if isinstance(m, nn.RMSNorm):
+            return "rms_norm", {"normalized_shape": tuple(m.normalized_shape), "eps": m.eps,
+                                "elementwise_affine": m.weight is not None}
         if isinstance(m, nn.Dropout):
             return "dropout", {"p": float(m.p), "training": bool(m.training)}
         if isinstance(m, (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid)):
@@ -201,7 +205,20 @@ def _trace(model: nn.Module, concrete: dict[str, Any]) -> fx.GraphModule:
         graph = tracer.trace(model, concrete_args=concrete or None)
     except Exception as e:
         raise PathFailure("fx", where(e) or "symbolic_trace", first_line(e)) from e
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    fuse_rms_norm(gm, lambda n: _param_shape(gm, n), aten=False)
+    return gm
+
+
+def _param_shape(gm: fx.GraphModule, node: fx.Node) -> tuple[int, ...] | None:
+    """The shape of the parameter a get_attr node reads, else None."""
+    if node.op != "get_attr":
+        return None
+    try:
+        p = gm.get_parameter(str(node.target))
+    except AttributeError:
+        return None
+    return tuple(p.shape)
 
 
 def capture_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, on_meta: bool,

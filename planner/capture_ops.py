@@ -331,3 +331,7 @@ def _reduction(call: Call) -> tuple[str, dict[str, Any]]:
     keepdim = call.arg(2, "keepdim", False)
     return "reduction", {"fn": call.op, "dims": tuple(sorted(_dim(int(d), nd) for d in dims)),
                          "keepdim": bool(keepdim)}
+
+
+# Handlers of the transformer-decoder families register themselves on import.
+from planner import capture_transformer_ops  # noqa: E402, F401

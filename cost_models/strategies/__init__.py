@@ -259,5 +259,5 @@ def clear_caches() -> None:
 
 
 # Rules register themselves on import (they import `register` from this module, defined above).
-from cost_models.strategies import attention, embedding, follow, linear, loss, norm  # noqa: E402, F401
+from cost_models.strategies import attention, embedding, follow, joins, linear, loss, norm, rms_norm, sdpa  # noqa: E402, F401
 from cost_models.strategies.hints import mark_graph_hints  # noqa: E402

@@ -84,7 +84,8 @@ def follow_unary_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: st
             u.save(tensor_key(op.name, out), local_bytes(op.out, out, mesh))
         else:  # contiguous / cast: a copy, nothing saved
             u.fwd_flops = u.bwd_flops = 0
-        yield Strategy("follow", (lay,), (out,)), u
+        # type_as(other): `other` is read for its dtype only, so it may arrive in any layout
+        yield Strategy("follow", (lay,) + (None,) * (len(op.inputs) - 1), (out,)), u
 
 
 @register("elementwise")

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from planner.models.gpt import GPT_SIZES, GPTConfigError, build_gpt
+from planner.models.hf_causal import HF_LLAMA_DEFAULTS, LLAMA3_8B, build_hf_llama, build_llama3_8b
 from planner.models.hf_gpt2 import HF_GPT2_DEFAULTS, build_hf_gpt2
 from planner.models.mlp import MLP_DEFAULTS, build_mlp
 
@@ -60,10 +61,18 @@ EXAMPLES: dict[str, str] = {
                 f"{HF_GPT2_DEFAULTS['n_embd']}, vocab {HF_GPT2_DEFAULTS['vocab_size']}, eager attention, tied "
                 f"head), batch {HF_GPT2_DEFAULTS['batch_size']}, seq {HF_GPT2_DEFAULTS['seq_len']}; captured "
                 f"with torch.export"),
+    "hf-llama": (f"Hugging Face LlamaForCausalLM from a config ({HF_LLAMA_DEFAULTS['num_hidden_layers']} layers, "
+                 f"hidden {HF_LLAMA_DEFAULTS['hidden_size']}, {HF_LLAMA_DEFAULTS['num_attention_heads']} heads, "
+                 f"{HF_LLAMA_DEFAULTS['num_key_value_heads']} KV heads, vocab {HF_LLAMA_DEFAULTS['vocab_size']}, "
+                 f"SDPA attention), batch {HF_LLAMA_DEFAULTS['batch_size']}, seq {HF_LLAMA_DEFAULTS['seq_len']}"),
+    "llama3-8b": (f"LLaMA-3-8B shape as HF LlamaForCausalLM on the meta device ({LLAMA3_8B['num_hidden_layers']} "
+                  f"layers, hidden {LLAMA3_8B['hidden_size']}, {LLAMA3_8B['num_attention_heads']} heads, "
+                  f"{LLAMA3_8B['num_key_value_heads']} KV heads, FFN {LLAMA3_8B['intermediate_size']}, vocab "
+                  f"{LLAMA3_8B['vocab_size']}, bf16), batch {LLAMA3_8B['batch_size']} x {LLAMA3_8B['seq_len']}"),
 }
 
 # Built on the meta device unless asked otherwise: real weights would take GBs (gpt3-175b: 700 GB).
-_META_BY_DEFAULT = ("gpt2-small", "gpt2-xl", "gpt3-175b")
+_META_BY_DEFAULT = ("gpt2-small", "gpt2-xl", "gpt3-175b", "llama3-8b")
 
 
 def get_example(name: str, *, device: str | torch.device | None = None, **overrides: Any) -> Example:
@@ -83,6 +92,10 @@ def get_example(name: str, *, device: str | torch.device | None = None, **overri
             model, inputs = build_mlp(device=device, **overrides)
         elif name == "hf-gpt2":
             model, inputs = build_hf_gpt2(device=device, **overrides)
+        elif name == "hf-llama":
+            model, inputs = build_hf_llama(device=device, **overrides)
+        elif name == "llama3-8b":
+            model, inputs = build_llama3_8b(device=device, **overrides)
         else:
             model, inputs = build_gpt(name, device=device, **overrides)
     except (TypeError, ValueError, GPTConfigError) as e:

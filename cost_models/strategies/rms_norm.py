@@ -1,0 +1,66 @@
+"""RMSNorm (nn.RMSNorm, F.rms_norm, aten.rms_norm and HF's decomposed pow/mean/rsqrt/mul pattern, which
+capture rewrites into one `rms_norm` call): planned like layer norm, in the layout of its input.
+
+y = x * rsqrt(mean(x^2) + eps) * w over the last dim. With that (feature) dim split over axes F the
+forward all-reduces sum(x^2) over F (one fp32 per local token, tag stats) and the backward one per-token
+sum (sum g * xhat, tag stats); w is split like the feature dim, its gradient all-reduced over the axes
+that split the tokens. The runtime (`layers3d.rms_norm`) computes the statistics in fp32 and saves its
+input plus one fp32 rstd per token on every device, so that is what is priced here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from cost_models.compute import FLOPS_PER_ELEM
+from cost_models.layout import Layout
+from cost_models.mesh import Mesh
+from cost_models.ops import OpNode, TensorMeta
+from cost_models.strategies import register
+from cost_models.strategies.base import (
+    Candidates,
+    Offer,
+    Usage,
+    input_candidates_for,
+    local_bytes,
+    param_key,
+    tensor_key,
+)
+from cost_models.strategy import Strategy
+
+__all__ = ["rms_norm_rule", "RMS_STATS_BYTES"]
+
+RMS_STATS_BYTES = 4  # one fp32 per token: sum x^2 forward, sum g*xhat backward, rstd saved
+
+
+@register("rms_norm")
+def rms_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
+    x = op.input_meta[0]
+    nd = len(x.shape)
+    stats = 8 if x.dtype == "float64" else RMS_STATS_BYTES
+    cands = input_candidates_for(op, 0, candidates, mesh)
+    if len(op.attrs.get("normalized_shape", (0,))) != 1:
+        yield "rms_norm over more than the last dim: runs replicated"
+        cands = [Layout.replicated(nd)]
+    for lay in cands:
+        feat_axes = lay.dims[-1]
+        tok_axes = tuple(a for d in lay.dims[:-1] for a in d)
+        tokens = lay.local_numel(x.shape, mesh) // max(1, lay.local_shape(x.shape, mesh)[-1])
+        u = Usage(mesh, dtype=x.dtype)
+        u.collective("all_reduce", feat_axes, stats * tokens, "forward", "stats")
+        u.collective("all_reduce", feat_axes, stats * tokens, "backward", "stats")
+        params = []
+        p_layout = Layout((feat_axes,), interleave=lay.interleave if feat_axes else 1)
+        for j, p in enumerate(op.params):
+            params.append((param_key(op, j), p_layout))
+            u.param_elems += p_layout.local_numel(p.shape, mesh)
+            u.collective("all_reduce", tok_axes, local_bytes(TensorMeta(p.shape, p.dtype), p_layout, mesh),
+                         "backward", "grad_weight")
+        x_bytes = local_bytes(x, lay, mesh)
+        u.save(tensor_key(op.inputs[0], lay), x_bytes)
+        u.save(f"{op.name}:rstd:{lay}", stats * tokens)
+        u.fwd_flops = FLOPS_PER_ELEM["layer_norm"] * lay.local_numel(x.shape, mesh)
+        u.bwd_flops = 2 * u.fwd_flops
+        u.fwd_bytes, u.bwd_bytes = 2 * x_bytes, 4 * x_bytes
+        seq_split = nd >= 3 and bool(lay.dims[-2])
+        yield Strategy("seq" if seq_split else "follow", (lay,), (lay,), tuple(params)), u

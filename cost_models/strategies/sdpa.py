@@ -1,0 +1,116 @@
+"""`F.scaled_dot_product_attention` as one op: heads split over the tensor-parallel axes, batch over the
+others, no communication inside.
+
+q [*batch, Hq, L, E], k [*batch, Hk, S, E], v [*batch, Hk, S, Ev], optional mask broadcastable to
+[*batch, Hq, L, S]. A strategy splits the batch dims (heads included) of q and takes k and v split the same
+way; with grouped-query attention (Hk < Hq, `enable_gqa`) the heads' axes must divide Hk as well, and the
+contiguous blocks then match (query head h reads key head h // (Hq/Hk)). The query length L and the head
+dims stay whole (a split L would move the causal diagonal); the mask takes the batch splits on the dims
+where it is full size and is whole on the dims it broadcasts over. A q layout that cannot be used (its L or
+E split) is offered with those dims unsplit, the edge paying the conversion; replicated is always offered.
+
+Saved for backward, measured with saved_tensors_hooks (torch 2.13): the fused kernels (CUDA flash /
+memory-efficient, and CPU's flash kernel when dropout is off) keep q, k, v as given, the output, one fp32
+logsumexp per query row, and a mask converted to q's dtype; CUDA with dropout also keeps the RNG seed and
+offset. On CPU with dropout the math fallback runs in fp32 and keeps three [*batch, Hq, L, S] fp32
+tensors (scores, probabilities, dropped probabilities) and fp32 copies of q, k (at Hq heads) and v^T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from cost_models.compute import matmul_flops
+from cost_models.layout import Axes, Layout
+from cost_models.mesh import Mesh
+from cost_models.ops import OpNode, TensorMeta
+from cost_models.strategies import register
+from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes, tensor_key
+from cost_models.strategies.views import restrict_layout
+from cost_models.strategy import Strategy
+
+__all__ = ["sdpa_rule", "SDPA_BWD_FLOPS_RATIO"]
+
+SDPA_BWD_FLOPS_RATIO = 2.5  # flash backward: recompute scores, then dV, dP, dQ, dK: 5 matmuls against 2
+_LSE_BYTES = 4
+_RNG_BYTES = 16  # philox seed and offset, one int64 each
+
+
+def _kv_layout(lq: Layout, q: TensorMeta, kv: TensorMeta, mesh: Mesh) -> Layout | str:
+    """k or v's layout for a q in `lq`: same batch/head splits where the sizes allow, last two dims whole."""
+    nq, nk = len(q.shape), len(kv.shape)
+    dims: list[Axes] = [()] * nk
+    for d in range(nk - 2):
+        qd = d + nq - nk
+        axes = lq.dims[qd] if qd >= 0 else ()
+        if not axes:
+            continue
+        if kv.shape[d] == 1:
+            return f"key/value dim {d} broadcasts but q splits it"
+        if kv.shape[d] % mesh.size(axes):
+            return f"key/value dim {d} ({kv.shape[d]}) not divisible by {mesh.size(axes)} (axes {''.join(axes)})"
+        dims[d] = axes
+    return Layout(tuple(dims))
+
+
+def _usable(lq: Layout) -> Layout:
+    return Layout(lq.dims[:-2] + ((), ()))
+
+
+@register("attention")
+def sdpa_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
+    q, k, v = op.input_meta[:3]
+    mask_i = op.attrs.get("mask")
+    nq = len(q.shape)
+    pool: list[Layout] = []
+    for lq in input_candidates_for(op, 0, candidates, mesh) + [Layout.replicated(nq)]:
+        for cand in (lq, _usable(lq)):
+            if cand not in pool and not cand.dims[-1] and not cand.dims[-2]:
+                pool.append(cand)
+    scores = (*q.shape[:-1], k.shape[-2])  # [*batch, Hq, L, S]
+    for lq in pool:
+        if not lq.fits(q.shape, mesh):
+            continue
+        lk, lv = _kv_layout(lq, q, k, mesh), _kv_layout(lq, q, v, mesh)
+        if isinstance(lk, str) or isinstance(lv, str):
+            yield lk if isinstance(lk, str) else lv
+            continue
+        ins = [lq, lk, lv]
+        if mask_i is not None:
+            m = op.input_meta[mask_i]
+            ins.append(restrict_layout(Layout(lq.dims[:-1] + ((),)), m.shape, scores))
+        out = Layout(lq.dims)
+        if not out.fits(op.out.shape, mesh):
+            continue
+        yield Strategy("follow", tuple(ins), (out,)), _usage(op, mesh, tuple(ins), out, device)
+
+
+def _usage(op: OpNode, mesh: Mesh, ins: tuple[Layout, ...], out: Layout, device: str) -> Usage:
+    q, k, v = op.input_meta[:3]
+    lq = ins[0]
+    u = Usage(mesh, dtype=q.dtype)
+    ql, kl, vl = (lay.local_shape(m.shape, mesh) for lay, m in zip(ins, (q, k, v)))
+    rows = lq.local_numel(q.shape, mesh) // ql[-1]  # local (batch x heads x L) query rows
+    heads_batch = rows // ql[-2]
+    S = kl[-2]
+    u.fwd_flops = matmul_flops(ql[-2], ql[-1], S, heads_batch) + matmul_flops(ql[-2], S, vl[-1], heads_batch)
+    u.bwd_flops = SDPA_BWD_FLOPS_RATIO * u.fwd_flops
+    moved = sum(local_bytes(m, lay, mesh) for m, lay in zip(op.input_meta, ins)) + local_bytes(op.out, out, mesh)
+    u.fwd_bytes, u.bwd_bytes = moved, 2 * moved
+    dropout = float(op.attrs.get("dropout_p", 0.0)) > 0
+    if device == "cpu" and dropout:  # the math fallback, in fp32
+        n_scores = rows * S
+        u.save(f"{op.name}:math:{lq}", 4 * (3 * n_scores + rows * ql[-1] + heads_batch * S * (ql[-1] + vl[-1])))
+        return u
+    for i, (m, lay) in enumerate(zip((q, k, v), ins[:3])):
+        u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
+    u.save(tensor_key(op.name, out), local_bytes(op.out, out, mesh))
+    u.save(f"{op.name}:lse:{lq}", _LSE_BYTES * rows)
+    mask_i = op.attrs.get("mask")
+    if mask_i is not None:
+        m = op.input_meta[mask_i]
+        key = tensor_key(op.inputs[mask_i], ins[3]) if m.dtype == q.dtype else f"{op.name}:mask:{ins[3]}"
+        u.save(key, local_bytes(m, ins[3], mesh, itemsize=q.itemsize))
+    if dropout and device == "cuda":
+        u.save(f"{op.name}:rng", _RNG_BYTES)
+    return u
