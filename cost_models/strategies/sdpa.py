@@ -12,7 +12,9 @@ E split) is offered with those dims unsplit, the edge paying the conversion; rep
 Saved for backward, measured with saved_tensors_hooks (torch 2.13): the fused kernels (CUDA flash /
 memory-efficient, and CPU's flash kernel when dropout is off) keep q, k, v as given, the output, one fp32
 logsumexp per query row, and a mask converted to q's dtype; CUDA with dropout also keeps the RNG seed and
-offset. On CPU with dropout the math fallback runs in fp32 and keeps three [*batch, Hq, L, S] fp32
+offset. The fused kernels write the output as [*batch, L, Hq, Ev] and return it transposed, so the usual
+`out.transpose(1, 2).contiguous().view(B, L, Hq * Ev)` copies nothing: the output projection's saved input
+is the attention output's storage, saved once (hint `out_view`). On CPU with dropout the math fallback runs in fp32 and keeps three [*batch, Hq, L, S] fp32
 tensors (scores, probabilities, dropped probabilities) and fp32 copies of q, k (at Hq heads) and v^T.
 """
 
@@ -26,10 +28,10 @@ from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, TensorMeta
 from cost_models.strategies import register
 from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes, tensor_key
-from cost_models.strategies.views import restrict_layout
+from cost_models.strategies.views import permute_layout, reshape_layout, restrict_layout
 from cost_models.strategy import Strategy
 
-__all__ = ["sdpa_rule", "SDPA_BWD_FLOPS_RATIO"]
+__all__ = ["sdpa_rule", "sdpa_output_view", "SDPA_BWD_FLOPS_RATIO"]
 
 SDPA_BWD_FLOPS_RATIO = 2.5  # flash backward: recompute scores, then dV, dP, dQ, dK: 5 matmuls against 2
 _LSE_BYTES = 4
@@ -104,7 +106,7 @@ def _usage(op: OpNode, mesh: Mesh, ins: tuple[Layout, ...], out: Layout, device:
         return u
     for i, (m, lay) in enumerate(zip((q, k, v), ins[:3])):
         u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
-    u.save(tensor_key(op.name, out), local_bytes(op.out, out, mesh))
+    u.save(_output_key(op, out, mesh), local_bytes(op.out, out, mesh))
     u.save(f"{op.name}:lse:{lq}", _LSE_BYTES * rows)
     mask_i = op.attrs.get("mask")
     if mask_i is not None:
@@ -114,3 +116,45 @@ def _usage(op: OpNode, mesh: Mesh, ins: tuple[Layout, ...], out: Layout, device:
     if dropout and device == "cuda":
         u.save(f"{op.name}:rng", _RNG_BYTES)
     return u
+
+
+def _output_key(op: OpNode, out: Layout, mesh: Mesh) -> str:
+    """The saved output's key: that of the heads-merged view its only reader makes, when it has one."""
+    view = op.attrs.get("out_view")
+    if view:
+        lay = permute_layout(out, view["dims"])
+        if not isinstance(lay, str):
+            lay = reshape_layout(permute_meta(op.out.shape, view["dims"]), tuple(view["shape"]), lay, mesh)
+        if not isinstance(lay, str):
+            return tensor_key(view["node"], lay)
+    return tensor_key(op.name, out)
+
+
+def permute_meta(shape: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(shape[d] for d in dims)
+
+
+def sdpa_output_view(op: OpNode, consumers: dict[str, list[OpNode]]) -> None:
+    """Set `attrs["out_view"]` (see the module docstring) when the output is read only as
+    transpose(1, 2) [-> contiguous] -> reshape to [*batch, L, H*E]; else remove it."""
+    op.attrs.pop("out_view", None)
+    nd = len(op.out.shape)
+    node, dims = op, None
+    for _ in range(4):
+        users = consumers.get(node.name, [])
+        if len(users) != 1:
+            return
+        node = users[0]
+        if node.kind in ("reshape", "contiguous") and node.out.shape == node.input_meta[0].shape:
+            continue  # a reshape to the same shape, a copy of a contiguous tensor: views
+        if node.kind == "permute" and dims is None:
+            dims = tuple(node.attrs.get("dims", ()))
+            if dims != tuple(range(nd - 3)) + (nd - 2, nd - 3, nd - 1):
+                return
+        elif node.kind == "reshape" and dims is not None:
+            if len(node.out.shape) != nd - 1 or node.out.shape[-1] != op.out.shape[-3] * op.out.shape[-1]:
+                return
+            op.attrs["out_view"] = {"node": node.name, "dims": dims, "shape": node.out.shape}
+            return
+        else:
+            return
