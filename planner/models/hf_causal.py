@@ -108,10 +108,22 @@ def build_from_config_file(path: str, *, batch_size: int, seq_len: int, device: 
     except (OSError, ValueError, KeyError) as e:
         raise ConfigFileError(f"{file}: not a Hugging Face model config ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}); it needs a known \"model_type\"") from e
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+
     names = raw.get("architectures") or []
-    cls = next((getattr(transformers, n) for n in names if hasattr(transformers, n)), None)
+    causal_names = set(causal.values())
+    cls = next((getattr(transformers, n) for n in names if n in causal_names and hasattr(transformers, n)), None)
+    if cls is None and config.model_type not in causal:
+        arch = names[0] if names else config.model_type
+        raise ConfigFileError(f"{file}: {arch} is not a causal language model (model_type {config.model_type!r} "
+                              f"has no AutoModelForCausalLM class); plan it with a factory file "
+                              f"(path/to/file.py:factory) that builds it and its inputs")
     if dtype is None:
         dtype = getattr(torch, str(raw.get("torch_dtype") or raw.get("dtype") or "float32"), torch.float32)
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and seq_len > limit:
+        raise ConfigFileError(f"{file}: --seq-len {seq_len} exceeds the config's max_position_embeddings {limit}; "
+                              f"pass --seq-len {limit} or less")
     try:
         return build_hf_causal_lm(config, batch_size=batch_size, seq_len=seq_len, device=device, dtype=dtype,
                                   model_cls=cls)

@@ -26,7 +26,7 @@ from planner.models.hf_causal import HF_LLAMA_DEFAULTS, LLAMA3_8B, build_hf_llam
 from planner.models.hf_gpt2 import HF_GPT2_DEFAULTS, build_hf_gpt2
 from planner.models.mlp import MLP_DEFAULTS, build_mlp
 
-__all__ = ["Example", "EXAMPLES", "ModelLoadError", "get_example", "load_model"]
+__all__ = ["Example", "EXAMPLES", "ModelLoadError", "get_example", "load_model", "is_config_path"]
 
 ExampleInputs = tuple[Any, ...] | dict[str, Any]
 
@@ -112,13 +112,48 @@ def _dtype(d: Any) -> torch.dtype:
     return found
 
 
-def load_model(spec: str, *, device: str | torch.device | None = None) -> Example:
-    """A built-in example name, `path/to/file.py:factory` or `package.module:factory` -> Example.
+def _default_seq_len(spec: str) -> int:
+    """1024 tokens, or the config's max_position_embeddings when that is smaller."""
+    import json
+
+    file = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
+    try:
+        with open(file) as f:
+            limit = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return 1024
+    return min(1024, limit) if isinstance(limit, int) and limit > 0 else 1024
+
+
+def is_config_path(spec: str) -> bool:
+    """True for an HF config file (`*.json`) or a directory holding a `config.json`."""
+    return spec.endswith(".json") or (os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")))
+
+
+def load_model(spec: str, *, device: str | torch.device | None = None, batch_size: int | None = None,
+               seq_len: int | None = None) -> Example:
+    """A built-in example name, `path/to/file.py:factory`, `package.module:factory`, or a Hugging Face
+    `config.json` (or a directory holding one) -> Example.
 
     device: for built-ins, where to build (see `get_example`); for factories, where to move the model and
-    inputs afterwards ("meta" drops the weights and keeps only shapes), None to keep them as returned."""
+    inputs afterwards ("meta" drops the weights and keeps only shapes), None to keep them as returned; a
+    config is built on the meta device unless given. batch_size / seq_len: the example inputs of a config
+    (default 8 x 1024)."""
     if spec in EXAMPLES:
         return get_example(spec, device=device)
+    if is_config_path(spec):
+        from planner.models.hf_causal import ConfigFileError, build_from_config_file
+
+        batch, seq = batch_size or 8, seq_len or _default_seq_len(spec)
+        try:
+            model, inputs = build_from_config_file(spec, batch_size=batch, seq_len=seq, device=device or "meta")
+        except ConfigFileError as e:
+            raise ModelLoadError(str(e)) from e
+        arch = type(model).__name__
+        path = os.path.abspath(spec)
+        name = os.path.basename(os.path.dirname(path) if os.path.basename(path) == "config.json" else path)
+        return Example(name, model, inputs,
+                       f"{arch} from {spec}, batch {batch} x {seq} tokens")
     source, sep, factory_name = spec.rpartition(":")
     if not sep or not source or not factory_name:
         raise ModelLoadError(f"unknown model {spec!r}: use a built-in example ({', '.join(EXAMPLES)}), "
