@@ -43,6 +43,9 @@ def rms_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -
         yield "rms_norm over more than the last dim: runs replicated"
         cands = [Layout.replicated(nd)]
     for lay in cands:
+        if lay.interleave > 1 and lay.dims[-1]:
+            yield f"rms_norm of interleaved features ({lay}): its weight is stored in contiguous blocks"
+            continue
         feat_axes = lay.dims[-1]
         tok_axes = tuple(a for d in lay.dims[:-1] for a in d)
         tokens = lay.local_numel(x.shape, mesh) // max(1, lay.local_shape(x.shape, mesh)[-1])
@@ -50,7 +53,7 @@ def rms_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -
         u.collective("all_reduce", feat_axes, stats * tokens, "forward", "stats")
         u.collective("all_reduce", feat_axes, stats * tokens, "backward", "stats")
         params = []
-        p_layout = Layout((feat_axes,), interleave=lay.interleave if feat_axes else 1)
+        p_layout = Layout((feat_axes,))
         for j, p in enumerate(op.params):
             params.append((param_key(op, j), p_layout))
             u.param_elems += p_layout.local_numel(p.shape, mesh)
