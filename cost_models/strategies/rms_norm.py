@@ -42,10 +42,11 @@ def rms_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -
     if len(op.attrs.get("normalized_shape", (0,))) != 1:
         yield "rms_norm over more than the last dim: runs replicated"
         cands = [Layout.replicated(nd)]
+    # Interleaved split features (a fused projection's output) are taken with the features whole: the
+    # runtime stores the weight in contiguous blocks.
+    cands = list(dict.fromkeys(Layout(c.dims[:-1] + ((),)) if c.interleave > 1 and c.dims[-1] else c
+                               for c in cands))
     for lay in cands:
-        if lay.interleave > 1 and lay.dims[-1]:
-            yield f"rms_norm of interleaved features ({lay}): its weight is stored in contiguous blocks"
-            continue
         feat_axes = lay.dims[-1]
         tok_axes = tuple(a for d in lay.dims[:-1] for a in d)
         tokens = lay.local_numel(x.shape, mesh) // max(1, lay.local_shape(x.shape, mesh)[-1])
