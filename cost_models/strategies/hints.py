@@ -91,7 +91,7 @@ def mark_graph_hints(ops: list[OpNode]) -> None:
             else:
                 op.attrs.pop("out_segments", None)
         elif op.kind == "attention":
-            sdpa_output_view(op, consumers)
+            sdpa_output_view(op, consumers, by_name)
         elif op.kind == "matmul":
             op.attrs["grad_inputs"] = tuple(flows.get(src, False) for src in op.inputs)
             op.attrs["copies_inputs"] = tuple(

@@ -12,9 +12,11 @@ E split) is offered with those dims unsplit, the edge paying the conversion; rep
 Saved for backward, measured with saved_tensors_hooks (torch 2.13): the fused kernels (CUDA flash /
 memory-efficient, and CPU's flash kernel when dropout is off) keep q, k, v as given, the output, one fp32
 logsumexp per query row, and a mask converted to q's dtype; CUDA with dropout also keeps the RNG seed and
-offset. The fused kernels write the output as [*batch, L, Hq, Ev] and return it transposed, so the usual
+offset. When q is stored heads-transposed ([*batch, L, Hq, E] viewed as [*batch, Hq, L, E], as after the
+usual view + transpose of a projection) the kernels write the output in that order too, so the usual
 `out.transpose(1, 2).contiguous().view(B, L, Hq * Ev)` copies nothing: the output projection's saved input
-is the attention output's storage, saved once (hint `out_view`). On CPU with dropout the math fallback runs in fp32 and keeps three [*batch, Hq, L, S] fp32
+is the attention output's storage, saved once (hint `out_view`); a q, k or v that is a piece of a fused
+projection's output (GPT-NeoX's chunk) keeps the whole output alive (hint `saved_views`). On CPU with dropout the math fallback runs in fp32 and keeps three [*batch, Hq, L, S] fp32
 tensors (scores, probabilities, dropped probabilities) and fp32 copies of q, k (at Hq heads) and v^T.
 """
 
@@ -104,8 +106,13 @@ def _usage(op: OpNode, mesh: Mesh, ins: tuple[Layout, ...], out: Layout, device:
         n_scores = rows * S
         u.save(f"{op.name}:math:{lq}", 4 * (3 * n_scores + rows * ql[-1] + heads_batch * S * (ql[-1] + vl[-1])))
         return u
+    views = {i: (base, factor) for i, base, factor in op.attrs.get("saved_views", ()) or ()}
     for i, (m, lay) in enumerate(zip((q, k, v), ins[:3])):
-        u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
+        if i in views:  # a piece of a fused q/k/v output: the whole base stays alive
+            base, factor = views[i]
+            u.save(tensor_key(base, lay), factor * local_bytes(m, lay, mesh))
+        else:
+            u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
     u.save(_output_key(op, out, mesh), local_bytes(op.out, out, mesh))
     u.save(f"{op.name}:lse:{lq}", _LSE_BYTES * rows)
     mask_i = op.attrs.get("mask")
@@ -134,10 +141,53 @@ def permute_meta(shape: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ..
     return tuple(shape[d] for d in dims)
 
 
-def sdpa_output_view(op: OpNode, consumers: dict[str, list[OpNode]]) -> None:
-    """Set `attrs["out_view"]` (see the module docstring) when the output is read only as
-    transpose(1, 2) [-> contiguous] -> reshape to [*batch, L, H*E]; else remove it."""
+def _heads_transposed(name: str, by_name: dict[str, OpNode]) -> bool:
+    """Whether tensor `name` is stored as [*batch, L, H, E] and viewed as [*batch, H, L, E]: a
+    transpose(1, 2) of a contiguous tensor, seen through views and element-wise ops (which keep their
+    first input's strides); a cat, a copy or a fresh result is stored in its own order."""
+    for _ in range(64):
+        op = by_name.get(name)
+        if op is None or not op.inputs:
+            return False
+        if op.kind == "permute":
+            nd = len(op.out.shape)
+            return tuple(op.attrs.get("dims", ())) == tuple(range(nd - 3)) + (nd - 2, nd - 3, nd - 1)
+        if op.kind not in ("elementwise", "getitem") or op.out.shape != op.input_meta[0].shape:
+            return False
+        name = op.inputs[0]
+    return False
+
+
+def _split_bases(op: OpNode, by_name: dict[str, OpNode]) -> tuple[tuple[int, str, int], ...]:
+    """(input, base, factor) for each of q, k, v that is one piece of an equal split of its last dim
+    (GPT-NeoX's fused q/k/v `chunk(3, -1)`): the kernel saves the view, which keeps the whole base
+    tensor (`factor` times the piece) alive."""
+    out = []
+    for i in range(3):
+        item = by_name.get(op.inputs[i])
+        if item is None or item.kind != "getitem" or not item.inputs:
+            continue
+        split = by_name.get(item.inputs[0])
+        if split is None or split.kind != "split" or not split.input_meta:
+            continue
+        base = split.input_meta[0]
+        if split.attrs.get("dim", 0) % len(base.shape) == len(base.shape) - 1 and base.shape[:-1] == item.out.shape[:-1]:
+            out.append((i, split.inputs[0], base.shape[-1] // item.out.shape[-1]))
+    return tuple(out)
+
+
+def sdpa_output_view(op: OpNode, consumers: dict[str, list[OpNode]], by_name: dict[str, OpNode]) -> None:
+    """Set `attrs["out_view"]` (see the module docstring) when q is stored heads-transposed (the kernel
+    then writes the output in the same order) and the output is read only as transpose(1, 2)
+    [-> contiguous] -> reshape to [*batch, L, H*E]; and `attrs["saved_views"]` (`_split_bases`)."""
     op.attrs.pop("out_view", None)
+    views = _split_bases(op, by_name)
+    if views:
+        op.attrs["saved_views"] = views
+    else:
+        op.attrs.pop("saved_views", None)
+    if not _heads_transposed(op.inputs[0], by_name):
+        return
     nd = len(op.out.shape)
     node, dims = op, None
     for _ in range(4):
