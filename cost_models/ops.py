@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OP_KINDS", "DTYPE_BYTES", "TensorMeta", "ParamInfo", "OpNode"]
+__all__ = ["OP_KINDS", "PARAM_KINDS", "DTYPE_BYTES", "TensorMeta", "ParamInfo", "OpNode"]
 
 # The op kinds capture recognises. Heavy kinds have parallel schemes; the rest follow their input.
 OP_KINDS = (
@@ -31,7 +31,17 @@ OP_KINDS = (
     "contiguous",     # .contiguous() / clone / type casts that keep the shape
     "cross_entropy",  # F.cross_entropy(logits, targets)
     "reduction",      # sum / mean over dims
+    "opaque",         # an op holding parameters or buffers with no rule of its own: run whole (replicate / fsdp)
     "other",          # anything else: kept replicated, reported by explain
+)
+
+# Kinds whose rules price the parameters their ops hold. An op with parameters of any other kind is
+# captured as "opaque" (cost_models/strategies/opaque.py), so no parameter falls out of the memory model.
+# A new op family that prices its own parameters adds its kind here (one line).
+PARAM_KINDS = (
+    "linear",
+    "embedding",
+    "layer_norm",
 )
 
 DTYPE_BYTES = {

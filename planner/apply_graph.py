@@ -34,6 +34,7 @@ from cost_models.ops import OpNode
 from cost_models.strategies.attention import matmul_grad_axes
 from cost_models.strategies.views import broadcast_axes
 from layers3d.redistribute import redistribute
+from layers3d.whole import GatheredParams, WholeModule
 from planner.apply_layers import GradReduce, OutputReduce
 from planner.apply_values import ApplyError, NodeValues, ParamRef, activation_args, map_aggregate, op_name
 from planner.graph import ModelGraph
@@ -181,15 +182,24 @@ class _Rewriter:
         new = self._emit("get_attr", name, (), {}, name=node.name)
         self._done(node, op, a, new, produced_global=True)
 
+    def _flat(self, op: OpNode, i: int) -> int:
+        """The flat output index a getitem op reads (capture records it: `out, (h, c) = lstm(x)`)."""
+        index = op.attrs.get("index")
+        return int(index) if op.kind == "getitem" and isinstance(index, int) else i
+
     def _op(self, node: fx.Node, op: OpNode) -> None:
         a = self._assignment(op.name)
         self.block = op.block if op.block in self.ckpt else None
+        if op.kind == "getitem" and isinstance(node.args[0], fx.Node) and node.args[0].name not in self.ops \
+                and op.inputs and op.inputs[0] in self.multi:
+            self._nested_getitem(node, op, a)
+            return
         k = 0
         acts: list[Any] = []
 
         def act(src: fx.Node, i: int | None) -> Any:
             nonlocal k
-            have = self.layouts[src.name][i or 0] if i is not None else self.layouts[src.name][0]
+            have = self.layouts[src.name][self._flat(op, i or 0)] if i is not None else self.layouts[src.name][0]
             value = self.env[src.name]
             if i is not None and op_name(node) == "getitem":
                 # A getitem reads one output of a multi-output op: pick first, then convert the pick.
@@ -208,6 +218,9 @@ class _Rewriter:
             return self.env[src.name]
 
         args, kwargs = activation_args(node, set(self.ops), self.multi, act, other)
+        if op.kind == "opaque":
+            self._opaque(node, op, a, args, kwargs)
+            return
         made = self.make_layer(op, a)
         if made is not None:
             path, module = made
@@ -224,7 +237,7 @@ class _Rewriter:
         if op.kind == "getitem" and node.args and isinstance(node.args[0], fx.Node) and node.args[0].name in self.multi:
             self.env[node.name] = acts[0]
             self.layouts[node.name] = [a.inputs[0] if a.inputs and a.inputs[0] is not None
-                                       else self.layouts[node.args[0].name][int(node.args[1])]]
+                                       else self.layouts[node.args[0].name][self._flat(op, int(node.args[1]))]]
             self._check_follow(op, a)
             self.block = None
             return
@@ -249,6 +262,49 @@ class _Rewriter:
         if op.kind == "reduction":
             new = self._reduce_output(node, op, a, new)
         self._done(node, op, a, new, produced_global=not op.inputs)
+
+    def _nested_getitem(self, node: fx.Node, op: OpNode, a: Assignment) -> None:
+        """`h` of `out, (h, c) = lstm(x)`: picks from the sub-tuple (a run-time value) and converts the pick
+        from the layout of the multi-output op's flat output it is."""
+        src = op.inputs[0]
+        value = self._emit("call_function", node.target, (self.env[node.args[0].name], node.args[1]), {},
+                           name=self._module_name(f"{node.name}_pick"))
+        have = self.layouts[src][self._flat(op, 0)]
+        need = a.inputs[0] if a.inputs and a.inputs[0] is not None else have
+        self.env[node.name] = self._convert(value, have, need, op.input_meta[0].shape, f"{node.name}_in0")
+        self.layouts[node.name] = [need]
+        self._check_follow(op, a)
+        self.block = None
+
+    def _opaque(self, node: fx.Node, op: OpNode, a: Assignment, args: Any, kwargs: Any) -> None:
+        """An op run whole (`layers3d.whole`): a module is called with its whole parameters
+        (`WholeModule`, its buffers kept in it); a function call reads them from the `GatheredParams`."""
+        made = self.make_layer(op, a)
+        if made is None or not isinstance(made[1], GatheredParams):
+            raise ApplyError(f"op {op.name} ({op.target}) runs whole but no parameter store was built for it")
+        path, params = made
+        path = self._module_name(path)
+        args, kwargs = map_aggregate(args, self._device), map_aggregate(kwargs, self._device)
+        if node.op == "call_module":
+            dense = self.g.gm.get_submodule(str(node.target))
+            layer = WholeModule(dense, params, device=self.device, prefix=f"{op.module_path or node.target}.")
+            self.out.modules[path] = layer
+            for inner, _ in layer.module.named_buffers():
+                self.out.buffer_names[f"{path}.module.{inner}"] = f"{op.module_path or node.target}.{inner}"
+            new = self._emit("call_module", path, args, kwargs, name=node.name)
+        else:
+            self.out.modules[path] = params
+            store = self._emit("call_module", path, (), {}, name=path)
+            index = {n: i for i, n in enumerate(params.names)}
+
+            def whole(v: Any) -> Any:
+                if not isinstance(v, ParamRef):
+                    return v
+                p = self._emit("call_function", _getitem, (store, index[v.name]), {})
+                return self._emit("call_method", "t", (p,), {}) if v.transposed else p
+            new = self._emit(node.op, node.target, map_aggregate(args, whole), map_aggregate(kwargs, whole),
+                             name=node.name)
+        self._done(node, op, a, new)
 
     def _keep_module(self, op: OpNode, target: str) -> None:
         """A traced leaf module that is not a planned layer (dropout, an activation) runs as is."""

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from cost_models.layout import Layout
 from cost_models.ops import OpNode
+from cost_models.strategies.base import param_key
 from layers3d.data_parallel import reduce_grad
 from layers3d.embedding import ParallelEmbedding
 from layers3d.functional import reduce_output
@@ -34,6 +35,7 @@ from layers3d.loss import vocab_parallel_cross_entropy
 from layers3d.mesh import DeviceMesh
 from layers3d.norm import ParallelLayerNorm
 from layers3d.redistribute import redistribute
+from layers3d.whole import GatheredParams, attr_name
 from planner.apply_values import ApplyError
 from planner.plan_format import Assignment
 
@@ -211,6 +213,31 @@ def _layer_norm(op: OpNode, a: Assignment, ctx: LayerContext) -> nn.Module:
     layer = ParallelLayerNorm.from_dense(dense, ctx.mesh, features=lay.dims[-1], tokens=tokens,
                                          generator=ctx.generator, device=ctx.device)
     return _place(ctx, op, layer, a, {"weight": "weight", "bias": "bias"})
+
+
+# --- opaque: ops run whole --------------------------------------------------------------------------
+@builds("opaque")
+def _opaque(op: OpNode, a: Assignment, ctx: LayerContext) -> nn.Module:
+    """The parameters of an op run whole (`layers3d.whole`), stored as the plan says; the rewrite calls the
+    op with the whole parameters they give."""
+    dense: dict[str, torch.Tensor] = {}
+    layouts: dict[str, Layout] = {}
+    for k, p in enumerate(op.params):
+        if p.name in ctx.homes:
+            raise ApplyError(f"op {op.name} ({op.target}) shares parameter {p.name} with an earlier op; an op run "
+                             "whole cannot share parameters: untie them, or give the op a layer the planner knows")
+        found = ctx.params.get(p.name)
+        if found is None:
+            raise ApplyError(f"op {op.name} uses parameter {p.name!r}, which the model does not have; re-run "
+                             "`planner plan` for this model")
+        lay = a.params.get(param_key(op, k))
+        if lay is None:
+            raise ApplyError(f"op {op.name}: the plan has no layout for its parameter {p.name}; re-run `planner plan`")
+        dense[p.name], layouts[p.name] = found, lay
+    layer = GatheredParams(dense, layouts, _opt(a, "dp", ()), ctx.mesh, device=ctx.device)
+    for name, lay in layouts.items():
+        ctx.homes[name] = ParamHome(layer, attr_name(name), tuple(lay.dims), 1, 0, tuple(dense[name].shape))
+    return layer
 
 
 # --- loss ------------------------------------------------------------------------------------------
