@@ -16,6 +16,7 @@ from planner.assemble import assemble_plan
 from planner.build import BuiltProblem, SchemeError, build_problem, expand_schemes
 from planner.capture import capture
 from planner.graph import ModelGraph
+from planner.plan_applicable import check_applicable
 from planner.plan_format import Plan
 from planner.plan_meshes import MeshResult, plan_mesh, plan_meshes
 from planner.solve import Solution, SolverError
@@ -83,7 +84,9 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     device: "cuda" or "cpu" semantics for saved activations (default: the hardware profile's).
     meshes: the mesh shapes to try (default: every shape `candidate_meshes` allows).
     workers: processes that plan mesh shapes in parallel (default: the CPU count; 1 plans in this process).
-    Raises InfeasibleError (with the smallest feasible budget) when nothing fits.
+    Raises InfeasibleError (with the smallest feasible budget) when nothing fits, and
+    `planner.plan_applicable.NotApplicableError` when the best plan is one `apply_plan` could not build
+    (checked on meta tensors when `model` is a module; a ModelGraph has no parameters to check with).
     """
     budget_bytes = parse_bytes(budget)
     n = resolve_world_size(world_size)
@@ -131,4 +134,6 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
             raise SolverError(f"no plan for {graph.name} on {n} ranks: " + "; ".join(errors))
         raise InfeasibleError(f"no plan for {graph.name} on {n} ranks fits {format_bytes(budget_bytes)} per rank"
                               + hint, min_budget)
+    if isinstance(model, nn.Module):  # what the plan says must be what runs: build it as apply_plan would
+        check_applicable(model, graph, best.plan)
     return best.plan
