@@ -112,6 +112,6 @@ def _without_params(module: nn.Module) -> nn.Module:
     weights, and the parallel model holds only its blocks); `functional_call` supplies them by name. Its
     buffers are kept."""
     clone = copy.copy(module)
-    clone._parameters = {}
+    clone._parameters = {k: None for k, v in module._parameters.items() if v is None}  # Conv2d(bias=False)
     clone._modules = {k: (None if v is None else _without_params(v)) for k, v in module._modules.items()}
     return clone

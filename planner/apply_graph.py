@@ -292,9 +292,10 @@ class _Rewriter:
             for inner, _ in layer.module.named_buffers():
                 self.out.buffer_names[f"{path}.module.{inner}"] = f"{op.module_path or node.target}.{inner}"
             new = self._emit("call_module", path, args, kwargs, name=node.name)
-        else:
+        else:  # under its own name: the path of the module the call sits in may hold other layers
+            path = self._module_name(f"{op.module_path}.{node.name}_params" if op.module_path else f"{node.name}_params")
             self.out.modules[path] = params
-            store = self._emit("call_module", path, (), {}, name=path)
+            store = self._emit("call_module", path, (), {}, name=path.replace(".", "_"))
             index = {n: i for i, n in enumerate(params.names)}
 
             def whole(v: Any) -> Any:
