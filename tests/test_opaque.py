@@ -150,3 +150,67 @@ def test_amax_needs_its_dim_whole() -> None:
     p = plan(_Amax(), "1GiB", world_size=8, example_inputs=(torch.randn(16, 64),), schemes=["1d"])
     amax = next(a for a in p.assignments if a.node == "amax")
     assert not amax.inputs[0].dims[-1]  # main planned the split dim, then apply_plan refused it
+
+
+# --- run whole on 8 gloo ranks: Conv1d, GroupNorm and a leaf nn.MultiheadAttention split over the batch ----
+class Mixer(nn.Module):
+    """Conv1d over time, GroupNorm, self-attention (torch's fused in-projection, traced as a leaf), head."""
+
+    def __init__(self, dim: int = 16, classes: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(dim, dim, 3, padding=1)
+        self.norm = nn.GroupNorm(4, dim)
+        self.attn = nn.MultiheadAttention(dim, 4, batch_first=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.conv(x.transpose(1, 2))).transpose(1, 2)   # (B, T, D)
+        h, _ = self.attn(h, h, h, need_weights=False)
+        return F.cross_entropy(self.head(h.mean(dim=1)), y)
+
+
+def _mixer() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(0)
+    return Mixer(), (torch.randn(8, 6, 16), torch.randint(0, 8, (8,)))
+
+
+def _mixer_rank(rank: int, plans: dict[str, object]) -> dict[str, float]:
+    from apply_checks import device_mesh
+
+    from planner.apply import apply_plan
+    from planner.state import gather_grads
+
+    model, inputs = _mixer()
+    model(*inputs).backward()
+    out = {}
+    for name, p in plans.items():
+        dense, inputs = _mixer()
+        parallel = apply_plan(dense, p, mesh=device_mesh(p.mesh))
+        loss = parallel(*inputs)
+        loss.backward()
+        grads = gather_grads(parallel)
+        out[name] = max((grads[n] - q.grad).abs().max().item() / q.grad.abs().max().item()
+                        for n, q in model.named_parameters())
+        out[name + ":loss"] = abs(loss.item() - model(*inputs).item())
+    return out
+
+
+@pytest.mark.distributed
+def test_conv1d_groupnorm_attention_split_over_the_batch() -> None:
+    from apply_plans import mixed_plan
+    from distributed import run_ranks
+
+    model, inputs = _mixer()
+    g = capture(model, inputs)
+    kinds = {n.name: n.kind for n in g.nodes if n.params}
+    assert kinds == {"conv": "opaque", "norm": "opaque", "attn": "opaque", "head": "linear"}
+    plans = {}
+    for scheme in ("replicate", "fsdp"):  # the three run on batch blocks (dp = x): picked by rule
+        def rule(name: str, path: str, kind: str, s, scheme: str = scheme) -> bool:
+            return kind != "opaque" or (s.scheme == scheme and s.option("dp") == ("x",))
+        plans[scheme] = mixed_plan(g, checkpoint=(), rule=rule, mesh=Mesh((8,)))
+        check_applicable(model, g, plans[scheme])
+        by = {a.node: a for a in plans[scheme].assignments}
+        assert all(by[n].inputs[0] == Layout.shard(3, 0, ("x",)) for n in ("conv", "norm", "attn"))
+    errs = run_ranks(_mixer_rank, 8, timeout_s=300, args=(plans,))[0]
+    assert max(errs.values()) <= 1e-5, errs
