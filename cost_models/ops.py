@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OP_KINDS", "PARAM_KINDS", "DTYPE_BYTES", "TensorMeta", "ParamInfo", "OpNode"]
+__all__ = ["OP_KINDS", "PARAM_KINDS", "WHOLE_KINDS", "DTYPE_BYTES", "TensorMeta", "ParamInfo", "OpNode"]
 
 # The op kinds capture recognises. Heavy kinds have parallel schemes; the rest follow their input.
 OP_KINDS = (
@@ -31,6 +31,7 @@ OP_KINDS = (
     "contiguous",     # .contiguous() / clone / type casts that keep the shape
     "cross_entropy",  # F.cross_entropy(logits, targets)
     "reduction",      # sum / mean over dims
+    "conv",           # nn.Conv1d/2d/3d, F.conv*d, aten.conv*d: run whole, or output channels split (attrs["groups"])
     "opaque",         # an op holding parameters or buffers with no rule of its own: run whole (replicate / fsdp)
     "other",          # anything else: kept replicated, reported by explain
 )
@@ -42,7 +43,11 @@ PARAM_KINDS = (
     "linear",
     "embedding",
     "layer_norm",
+    "conv",
 )
+# Kinds run by layers3d/whole.py (the module or call with its parameters gathered or used as stored);
+# their rules read the facts planner/capture_opaque.py records (batch dims, buffers, saved bytes).
+WHOLE_KINDS = ("opaque", "conv")
 
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,

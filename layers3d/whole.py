@@ -43,12 +43,14 @@ def attr_name(name: str) -> str:
 
 class GatheredParams(nn.Module):
     """This rank's blocks of some parameters; calling it gives the whole parameters (see the module
-    docstring). `names` keeps their order; `layouts[name]` is how each is stored."""
+    docstring), or with `used_as_stored` the blocks themselves (the op computes on its block: a conv's
+    output channels split), their gradients all-reduced over `dp`. `names` keeps their order;
+    `layouts[name]` is how each is stored."""
 
     def __init__(self, dense: Mapping[str, torch.Tensor], layouts: Mapping[str, Layout], dp: Sequence[str],
-                 mesh: DeviceMesh, device: torch.device | str | None = None) -> None:
+                 mesh: DeviceMesh, device: torch.device | str | None = None, used_as_stored: bool = False) -> None:
         super().__init__()
-        self.mesh, self.dp = mesh, tuple(dp)
+        self.mesh, self.dp, self.used_as_stored = mesh, tuple(dp), used_as_stored
         self.names = list(dense)
         self.layouts = {n: layouts[n] for n in self.names}
         self.shapes = {n: tuple(dense[n].shape) for n in self.names}
@@ -67,7 +69,7 @@ class GatheredParams(nn.Module):
     def _whole(self, name: str) -> torch.Tensor:
         p, lay = self.local(name), self.layouts[name]
         split = [d for d, axes in enumerate(lay.dims) if axes]
-        if not split:
+        if not split or self.used_as_stored:  # whole, or used as stored (a conv's output channels split)
             return reduce_grad(p, self.dp, self.mesh)
         # stored split over (dp..., rest...) on dim d: gather the rest (its gradient: a slice, complete
         # over rest), then the dp blocks (its gradient: reduce-scattered, summing the batch blocks' shares)

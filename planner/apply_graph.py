@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from cost_models.layout import Layout
-from cost_models.ops import OpNode
+from cost_models.ops import WHOLE_KINDS, OpNode
 from cost_models.strategies.attention import matmul_grad_axes
 from cost_models.strategies.views import broadcast_axes
 from layers3d.redistribute import redistribute
@@ -218,8 +218,8 @@ class _Rewriter:
             return self.env[src.name]
 
         args, kwargs = activation_args(node, set(self.ops), self.multi, act, other)
-        if op.kind == "opaque":
-            self._opaque(node, op, a, args, kwargs)
+        if op.kind in WHOLE_KINDS:
+            self._opaque(node, op, a, args, kwargs, acts)
             return
         made = self.make_layer(op, a)
         if made is not None:
@@ -276,14 +276,22 @@ class _Rewriter:
         self._check_follow(op, a)
         self.block = None
 
-    def _opaque(self, node: fx.Node, op: OpNode, a: Assignment, args: Any, kwargs: Any) -> None:
+    def _opaque(self, node: fx.Node, op: OpNode, a: Assignment, args: Any, kwargs: Any, acts: list[Any]) -> None:
         """An op run whole (`layers3d.whole`): a module is called with its whole parameters
-        (`WholeModule`, its buffers kept in it); a function call reads them from the `GatheredParams`."""
+        (`WholeModule`, its buffers kept in it); a function call reads them from the `GatheredParams`. A
+        conv with its output channels split over T gets its input's gradient all-reduced over T."""
         made = self.make_layer(op, a)
         if made is None or not isinstance(made[1], GatheredParams):
             raise ApplyError(f"op {op.name} ({op.target}) runs whole but no parameter store was built for it")
         path, params = made
         path = self._module_name(path)
+        t_axes = tuple(a.options.get("T", ())) if a.scheme == "1d_col" else ()
+        if t_axes and acts and isinstance(acts[0], fx.Node) and op.input_meta[0].dtype in _FLOAT:
+            reduce_path = self._module_name(f"grad_reduce_{op.name}_in0")
+            self.out.modules[reduce_path] = GradReduce(t_axes, self.mesh)
+            reduced = self._emit("call_module", reduce_path, (acts[0],), {}, name=reduce_path)
+            args = map_aggregate(args, lambda v: reduced if v is acts[0] else v)
+            kwargs = map_aggregate(kwargs, lambda v: reduced if v is acts[0] else v)
         args, kwargs = map_aggregate(args, self._device), map_aggregate(kwargs, self._device)
         if node.op == "call_module":
             dense = self.g.gm.get_submodule(str(node.target))

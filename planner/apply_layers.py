@@ -216,7 +216,7 @@ def _layer_norm(op: OpNode, a: Assignment, ctx: LayerContext) -> nn.Module:
 
 
 # --- opaque: ops run whole --------------------------------------------------------------------------
-@builds("opaque")
+@builds("opaque", "conv")
 def _opaque(op: OpNode, a: Assignment, ctx: LayerContext) -> nn.Module:
     """The parameters of an op run whole (`layers3d.whole`), stored as the plan says; the rewrite calls the
     op with the whole parameters they give."""
@@ -234,7 +234,9 @@ def _opaque(op: OpNode, a: Assignment, ctx: LayerContext) -> nn.Module:
         if lay is None:
             raise ApplyError(f"op {op.name}: the plan has no layout for its parameter {p.name}; re-run `planner plan`")
         dense[p.name], layouts[p.name] = found, lay
-    layer = GatheredParams(dense, layouts, _opt(a, "dp", ()), ctx.mesh, device=ctx.device)
+    # the whole-op schemes gather; a conv's 1d_col computes on its output-channel block
+    layer = GatheredParams(dense, layouts, _opt(a, "dp", ()), ctx.mesh, device=ctx.device,
+                           used_as_stored=a.scheme == "1d_col")
     for name, lay in layouts.items():
         ctx.homes[name] = ParamHome(layer, attr_name(name), tuple(lay.dims), 1, 0, tuple(dense[name].shape))
     return layer

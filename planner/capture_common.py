@@ -22,7 +22,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from cost_models.ops import PARAM_KINDS, OpNode, ParamInfo, TensorMeta
+from cost_models.ops import PARAM_KINDS, WHOLE_KINDS, OpNode, ParamInfo, TensorMeta
 from planner.capture_opaque import call_opaque_attrs
 from planner.capture_ops import Act, Call, Param, classify
 from planner.graph import BlockInfo
@@ -121,7 +121,9 @@ class OpBuilder:
         params = list(module_params or []) + call.params()
         infos = list({p.name: ParamInfo(p.name, p.shape, p.dtype, _role(p.name)) for p in params}.values())
         infos.sort(key=lambda p: p.role == "bias")  # weights first (addmm takes the bias first)
-        if kind not in PARAM_KINDS and kind not in ("input", "output"):
+        if module_opaque is not None and kind in WHOLE_KINDS:  # a leaf module with a rule run whole (Conv2d)
+            attrs = {**module_opaque(call), **attrs}
+        elif kind not in PARAM_KINDS and kind not in ("input", "output"):
             if module_opaque is not None and kind == "other":
                 facts = module_opaque(call)
                 if infos or facts["buffer_bytes"]:

@@ -143,6 +143,8 @@ def _module_classifier(m: nn.Module) -> Callable[[Call], tuple[str, dict[str, An
         if isinstance(m, nn.LayerNorm):
             return "layer_norm", {"normalized_shape": tuple(m.normalized_shape), "eps": float(m.eps),
                                   "elementwise_affine": m.weight is not None}
+        if type(m).forward in (nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward):
+            return "conv", {"groups": int(m.groups)}
         if isinstance(m, nn.Dropout):
             return "dropout", {"p": float(m.p), "training": bool(m.training)}
         if isinstance(m, (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid)):

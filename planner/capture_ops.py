@@ -179,6 +179,20 @@ def _embedding(call: Call) -> tuple[str, dict[str, Any]]:
     return "embedding", {"num_embeddings": w.shape[0], "embedding_dim": w.shape[1], "padding_idx": padding}
 
 
+@handles("conv1d", "conv2d", "conv3d")
+def _conv(call: Call) -> tuple[str, dict[str, Any]]:
+    """F.conv2d(x, W, b, stride, padding, dilation, groups) / aten.conv2d: the facts a rule run whole reads
+    (`planner.capture_opaque`): independent over the batch dim 0; saves its input (the weight is state)."""
+    x, w = call.arg(0, "input"), call.arg(1, "weight")
+    if not (isinstance(x, Act) and isinstance(w, Param)) or len(call.outputs) != 1:
+        return "other", {}
+    batched = len(call.in_meta[x.index].shape) == len(w.shape)
+    batch = tuple(0 if i == x.index and batched else None for i in range(len(call.in_meta)))
+    return "conv", {"groups": int(call.arg(6, "groups", 1)), "module": call.op, "batch_dims": batch if batched else None,
+                    "out_batch_dims": (0,) if batched else None, "batch_note": "" if batched else "unbatched input",
+                    "buffer_bytes": 0, "saved_inputs": (x.index,), "saved_bytes": 0, "saved_source": "rule"}
+
+
 @handles("layer_norm", "native_layer_norm")
 def _layer_norm(call: Call) -> tuple[str, dict[str, Any]]:
     shape, weight, eps = call.arg(1, "normalized_shape"), call.arg(2, "weight"), call.arg(4, "eps", 1e-5)

@@ -264,6 +264,7 @@ def clear_caches() -> None:
 # One op family per line (adding a family is one line here).
 from cost_models.strategies import (  # noqa: E402, F401
     attention,
+    conv,
     embedding,
     follow,
     linear,
