@@ -152,7 +152,8 @@ def test_amax_needs_its_dim_whole() -> None:
     assert not amax.inputs[0].dims[-1]  # main planned the split dim, then apply_plan refused it
 
 
-# --- run whole on 8 gloo ranks: Conv1d, GroupNorm and a leaf nn.MultiheadAttention split over the batch ----
+# --- run whole on 8 gloo ranks: Conv1d (its whole-op strategies), GroupNorm and a leaf nn.MultiheadAttention
+# split over the batch ---------------------------------------------------------------------------------------
 class Mixer(nn.Module):
     """Conv1d over time, GroupNorm, self-attention (torch's fused in-projection, traced as a leaf), head."""
 
@@ -203,11 +204,11 @@ def test_conv1d_groupnorm_attention_split_over_the_batch() -> None:
     model, inputs = _mixer()
     g = capture(model, inputs)
     kinds = {n.name: n.kind for n in g.nodes if n.params}
-    assert kinds == {"conv": "opaque", "norm": "opaque", "attn": "opaque", "head": "linear"}
+    assert kinds == {"conv": "conv", "norm": "opaque", "attn": "opaque", "head": "linear"}
     plans = {}
     for scheme in ("replicate", "fsdp"):  # the three run on batch blocks (dp = x): picked by rule
         def rule(name: str, path: str, kind: str, s, scheme: str = scheme) -> bool:
-            return kind != "opaque" or (s.scheme == scheme and s.option("dp") == ("x",))
+            return kind not in ("opaque", "conv") or (s.scheme == scheme and s.option("dp") == ("x",))
         plans[scheme] = mixed_plan(g, checkpoint=(), rule=rule, mesh=Mesh((8,)))
         check_applicable(model, g, plans[scheme])
         by = {a.node: a for a in plans[scheme].assignments}
