@@ -146,7 +146,7 @@ def test_flops_and_map_come_from_the_registration() -> None:
 
 def test_builders_are_keyed_by_registered_kinds() -> None:
     built = [k for k in op_kinds() if builder(k) is not None]
-    assert set(built) == {"linear", "embedding", "layer_norm", "cross_entropy"}
+    assert set(built) == {"linear", "embedding", "layer_norm", "cross_entropy", "dropout"}
 
 
 def _placements(rank: int) -> dict:
