@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from cost_models.errors import PlannerError
 from cost_models.mesh import Mesh
 
-__all__ = ["Layout", "LayoutError", "split_tokens"]
+__all__ = ["Layout", "LayoutError", "split_tokens", "fits", "token_layout"]
 
 Axes = tuple[str, ...]
 
@@ -171,3 +172,30 @@ def split_tokens(shape: Sequence[int], n_token_dims: int, axes: Sequence[str], m
         result[d].append(a)
         remaining[d] //= q
     return tuple(tuple(r) for r in result)
+
+
+@cache
+def fits(layout: Layout, shape: tuple[int, ...], mesh: Mesh) -> bool:
+    """`layout.fits(shape, mesh)`, memoised."""
+    return layout.fits(shape, mesh)
+
+
+def token_layout(shape: tuple[int, ...], token_axes: Axes, mesh: Mesh, feature_axes: Axes = (),
+                 seq_axes: Axes = (), interleave: int = 1) -> Layout | None:
+    """Layout of an activation [*tokens, F]: tokens spread over `token_axes` (batch dim first, see
+    `split_tokens`), then `seq_axes` appended on the last token dim (sequence parallelism), features over
+    `feature_axes`. None when the splits do not divide the shape."""
+    n_tok = len(shape) - 1
+    if n_tok < 1:
+        return None
+    tok = split_tokens(shape, n_tok, token_axes, mesh)
+    if tok is None:
+        return None
+    dims = list(tok)
+    dims[-1] = dims[-1] + tuple(seq_axes)
+    layout = Layout(tuple(dims) + (tuple(feature_axes),), interleave=interleave if feature_axes else 1)
+    if not fits(layout, tuple(shape), mesh):
+        return None
+    if interleave > 1 and feature_axes and shape[-1] % (mesh.size(feature_axes) * interleave):
+        return None
+    return layout

@@ -19,7 +19,6 @@ described in [N, K] orientation (HF Conv1D stores [K, N]: the caller transposes 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -27,7 +26,7 @@ from itertools import combinations, permutations
 from typing import Any
 
 from cost_models.errors import PlannerError
-from cost_models.layout import Axes, Layout, split_tokens
+from cost_models.layout import Axes, Layout, token_layout
 from cost_models.mesh import Mesh
 from cost_models.redistribution import Step, backward_steps, plan_redistribution
 from cost_models.schemes import Scheme
@@ -178,23 +177,6 @@ class LinearPlan:
         return tuple(a for d in range(2) for a in self.w_store[d] if a not in self.w_eff[d])
 
 
-def _tok(shape: tuple[int, ...], axes: Axes, mesh: Mesh, feat: Axes = (), seq: Axes = (),
-         inter: int = 1) -> Layout | None:
-    """Layout of an activation [*tokens, F] (tokens over `axes`, batch first; `seq` appended on the last token
-    dim; features over `feat`), or None when the splits do not divide the shape."""
-    n_tok = len(shape) - 1
-    tok = split_tokens(shape, n_tok, axes, mesh) if n_tok >= 1 else None
-    if tok is None:
-        return None
-    dims = tok[:-1] + (tok[-1] + tuple(seq),) + (tuple(feat),)
-    layout = Layout(dims, interleave=inter if feat else 1)
-    if not layout.fits(tuple(shape), mesh):
-        return None
-    if inter > 1 and feat and shape[-1] % (mesh.size(feat) * inter):
-        return None
-    return layout
-
-
 def _all_subsets(names: Axes) -> list[Axes]:
     return [c for r in range(1, len(names) + 1) for c in combinations(names, r)]
 
@@ -234,7 +216,7 @@ def linear_plans(x_shape: tuple[int, ...], n_out: int, mesh: Mesh, segments: int
         seg_txt = f" in {s} segments" if s > 1 else ""
         return f"{label}: {what} {n}{seg_txt} not divisible by {mesh.size(axes) * s} (axis {''.join(axes)})"
 
-    x_all, y_all = _tok(x_shape, every, mesh), _tok(y_shape, every, mesh)
+    x_all, y_all = token_layout(x_shape, every, mesh), token_layout(y_shape, every, mesh)
     if x_all and y_all:
         yield LinearScheme(Scheme.REPLICATE, (), every), LinearPlan(x_all, x_all, ((), ()), ((), ()), y_all)
         for dim, size in enumerate((N, K)):
@@ -252,15 +234,15 @@ def linear_plans(x_shape: tuple[int, ...], n_out: int, mesh: Mesh, segments: int
 
     for T in (_all_subsets(every) if subsets is None else subsets):
         dp = _rest(mesh, T)
-        x_dp, y_dp = _tok(x_shape, dp, mesh), _tok(y_shape, dp, mesh)
+        x_dp, y_dp = token_layout(x_shape, dp, mesh), token_layout(y_shape, dp, mesh)
         if x_dp is None or y_dp is None:
             yield no_tokens(f"1d[T={''.join(T)}]", dp)
             continue
         if divides(N, T, seg):
-            y_col = _tok(y_shape, dp, mesh, T, inter=seg)
+            y_col = token_layout(y_shape, dp, mesh, T, interleave=seg)
             yield LinearScheme(Scheme.ONE_D_COL, T, dp), LinearPlan(x_dp, x_dp, (T, ()), (T, ()), y_col,
                                                                      interleave=seg)
-            x_sp = _tok(x_shape, dp, mesh, seq=T)
+            x_sp = token_layout(x_shape, dp, mesh, seq_axes=T)
             if x_sp is None:
                 yield f"1d_col[T={''.join(T)},sp]: sequence {tuple(x_shape[:-1])} not divisible by {mesh.size(T)}"
             else:
@@ -270,9 +252,9 @@ def linear_plans(x_shape: tuple[int, ...], n_out: int, mesh: Mesh, segments: int
         else:
             yield feat_reason(f"1d_col[T={''.join(T)}]", "out_features", N, T, seg)
         if divides(K, T):
-            x_row = _tok(x_shape, dp, mesh, T)
+            x_row = token_layout(x_shape, dp, mesh, T)
             yield LinearScheme(Scheme.ONE_D_ROW, T, dp), LinearPlan(x_row, x_row, ((), T), ((), T), y_dp)
-            y_sp = _tok(y_shape, dp, mesh, seq=T)
+            y_sp = token_layout(y_shape, dp, mesh, seq_axes=T)
             if y_sp is None:
                 yield f"1d_row[T={''.join(T)},sp]: sequence {tuple(y_shape[:-1])} not divisible by {mesh.size(T)}"
             else:
@@ -289,8 +271,8 @@ def linear_plans(x_shape: tuple[int, ...], n_out: int, mesh: Mesh, segments: int
         if not divides(N, (c,), seg):
             yield feat_reason(label, "out_features", N, (c,), seg)
             continue
-        x_in, x_eff = _tok(x_shape, dp + (r,), mesh, (c,)), _tok(x_shape, dp + (r,), mesh)
-        y_out = _tok(y_shape, dp + (r,), mesh, (c,), inter=seg)
+        x_in, x_eff = token_layout(x_shape, dp + (r,), mesh, (c,)), token_layout(x_shape, dp + (r,), mesh)
+        y_out = token_layout(y_shape, dp + (r,), mesh, (c,), interleave=seg)
         if not (x_in and x_eff and y_out):
             yield no_tokens(label, dp + (r,))
             continue
@@ -307,8 +289,8 @@ def linear_plans(x_shape: tuple[int, ...], n_out: int, mesh: Mesh, segments: int
         elif not divides(N, (i,), seg):
             yield feat_reason(label, "out_features", N, (i,), seg)
         else:
-            x_in, x_eff = _tok(x_shape, dp + (w, i), mesh, (o,)), _tok(x_shape, dp + (w,), mesh, (o,))
-            y_out = _tok(y_shape, dp + (w, o), mesh, (i,), inter=seg)
+            x_in, x_eff = token_layout(x_shape, dp + (w, i), mesh, (o,)), token_layout(x_shape, dp + (w,), mesh, (o,))
+            y_out = token_layout(y_shape, dp + (w, o), mesh, (i,), interleave=seg)
             if not (x_in and x_eff and y_out):
                 yield no_tokens(label, dp + (w, i))
             else:
@@ -324,7 +306,7 @@ def linear_plans(x_shape: tuple[int, ...], n_out: int, mesh: Mesh, segments: int
         if not divides(N, (n,), seg):
             yield feat_reason(label, "out_features", N, (n,), seg)
             continue
-        x_in, y_out = _tok(x_shape, dp + (m,), mesh, (k,)), _tok(y_shape, dp + (m,), mesh, (n,), inter=seg)
+        x_in, y_out = token_layout(x_shape, dp + (m,), mesh, (k,)), token_layout(y_shape, dp + (m,), mesh, (n,), interleave=seg)
         if not (x_in and y_out):
             yield no_tokens(label, dp + (m,))
             continue
@@ -412,7 +394,3 @@ def linear_steps(plan: LinearPlan, x_shape: tuple[int, ...], n_out: int, x_item:
     return LinearSteps(tuple(x_fwd), tuple(w_fwd), tuple(y_fwd), tuple(dy), tuple(dx), tuple(dw_scatter),
                        tuple(dw_reduce), tuple(db))
 
-
-def global_tokens(local: tuple[int, ...], layout: Layout, mesh: Mesh) -> tuple[int, ...]:
-    """Global sizes of the dims of a tensor whose local block in `layout` has shape `local`."""
-    return tuple(s * math.prod(mesh.size((a,)) for a in d) for s, d in zip(local, layout.dims))

@@ -20,7 +20,7 @@ from functools import cache
 from itertools import combinations, permutations
 from typing import Any
 
-from cost_models.layout import Axes, Layout, split_tokens
+from cost_models.layout import Axes, Layout, fits, token_layout
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, TensorMeta
 from cost_models.redistribution import Step
@@ -148,37 +148,10 @@ def rest_axes(mesh: Mesh, used: Iterable[str]) -> Axes:
     return tuple(a for a in mesh.axis_names if a not in used)
 
 
-def token_layout(shape: tuple[int, ...], token_axes: Axes, mesh: Mesh, feature_axes: Axes = (),
-                 seq_axes: Axes = (), interleave: int = 1) -> Layout | None:
-    """Layout of an activation [*tokens, F]: tokens spread over `token_axes` (batch dim first, see
-    `split_tokens`), then `seq_axes` appended on the last token dim (sequence parallelism), features over
-    `feature_axes`. None when the splits do not divide the shape."""
-    n_tok = len(shape) - 1
-    if n_tok < 1:
-        return None
-    tok = split_tokens(shape, n_tok, token_axes, mesh)
-    if tok is None:
-        return None
-    dims = list(tok)
-    dims[-1] = dims[-1] + tuple(seq_axes)
-    layout = Layout(tuple(dims) + (tuple(feature_axes),), interleave=interleave if feature_axes else 1)
-    if not fits(layout, tuple(shape), mesh):
-        return None
-    if interleave > 1 and feature_axes and shape[-1] % (mesh.size(feature_axes) * interleave):
-        return None
-    return layout
-
-
 @cache
 def local_numel(shape: tuple[int, ...], layout: Layout, mesh: Mesh) -> int:
     """`layout.local_numel(shape, mesh)`, memoised (costing a model asks for the same blocks many times)."""
     return layout.local_numel(shape, mesh)
-
-
-@cache
-def fits(layout: Layout, shape: tuple[int, ...], mesh: Mesh) -> bool:
-    """`layout.fits(shape, mesh)`, memoised."""
-    return layout.fits(shape, mesh)
 
 
 def local_bytes(meta: TensorMeta | tuple[int, ...], layout: Layout, mesh: Mesh, itemsize: int | None = None) -> int:
