@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from cost_models.mesh import Mesh
+from layers3d.inflight import tracked
 from planner.calibrate.fit import Sample
 
 __all__ = ["AxisGroups", "Series", "axis_groups", "time_series", "measure_matmul_flops",
@@ -103,7 +104,8 @@ def _sync(device: torch.device) -> None:
 def world_max(values: Sequence[float], device: torch.device) -> list[float]:
     """Element-wise maximum of `values` over all ranks."""
     t = torch.tensor(list(values), dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    with tracked("all_reduce", (), "calibrate: the slowest rank's time"):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
 
@@ -221,7 +223,10 @@ def time_series(axes: Sequence[AxisGroups], kinds: Sequence[str], *, min_bytes: 
         t0 = time.perf_counter()
         group, ranks = comm_of[id(pt.series)]
         op = _collective(pt.series.kind, group, ranks, pt.numel, device)
-        times, pt.batch = _time_point(op, warmup, per_pass, pt.batch, device)
+        # One tracked block per point (its barriers are world-wide): every rank measures the same points in
+        # the same order, so a rank waiting past the guard's deadline names the point and the missing peers.
+        with tracked(pt.series.kind, (), f"calibrate {pt.numel * 4} B over {','.join(map(str, ranks))}"):
+            times, pt.batch = _time_point(op, warmup, per_pass, pt.batch, device)
         pt.times.extend(times)
         return time.perf_counter() - t0
 

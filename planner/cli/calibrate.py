@@ -107,7 +107,21 @@ def calibrate_command(args: argparse.Namespace) -> int:
         raise
     from planner.calibrate.run import run
 
-    run(config, args.out, samples_out=args.samples)
+    if "RANK" not in os.environ:  # one process, no launcher: nothing to wait for
+        run(config, args.out, samples_out=args.samples)
+        return 0
+    from planner.verify.guard import BACKEND_GRACE_S, RankGuard, init_distributed
+
+    # Under torchrun: the same guard as verify. A rank that fails stops every rank with its message, and a
+    # rank waiting in one collective longer than --timeout names the collective and the missing peers
+    # (the backend's own timeout comes later, so the guard is the one that speaks).
+    ctx = init_distributed(timeout_s=config.timeout_s + BACKEND_GRACE_S)
+    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size, debug=getattr(args, "debug", False),
+                   deadline_s=config.timeout_s):
+        run(config, args.out, samples_out=args.samples)
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
     return 0
 
 

@@ -16,8 +16,6 @@ from planner.verify.run import run_verify
 
 __all__ = ["verify_command", "main"]
 
-BACKEND_GRACE_S = 30.0  # the process group's timeout is --timeout plus this
-
 
 @command("verify", "run the parallel model next to the dense one under torchrun and compare",
          args=[arg("model", metavar="MODEL", help="built-in example name, path/to/file.py:factory or "
@@ -41,7 +39,7 @@ BACKEND_GRACE_S = 30.0  # the process group's timeout is --timeout plus this
                      "gradients (and --steps AdamW steps), and measured against predicted communication and "
                      "activation bytes. Exits 1 when anything is off; a failing rank stops every rank.")
 def verify_command(args: argparse.Namespace) -> int:
-    from planner.verify.guard import RankGuard, init_distributed
+    from planner.verify.guard import BACKEND_GRACE_S, RankGuard, init_distributed
 
     if args.steps < 0 or args.tol <= 0 or args.act_tol < 0:
         raise CliError("--steps must be >= 0, --tol > 0 and --act-tol >= 0")

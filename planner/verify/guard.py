@@ -32,13 +32,17 @@ import torch.distributed as dist
 from cost_models.errors import PlannerError, internal_error_line
 from layers3d.inflight import InFlight, in_flight
 
-__all__ = ["DistContext", "LaunchError", "init_distributed", "RankGuard", "FAILED_KEY", "DEAD_AFTER_S"]
+__all__ = ["DistContext", "LaunchError", "init_distributed", "RankGuard", "FAILED_KEY", "DEAD_AFTER_S",
+           "BACKEND_GRACE_S"]
 
-FAILED_KEY = "failed"
+FAILED_KEY = "failed"  # the run's first failure: "<exit status>|<message>" (every rank exits with that status)
 # Heartbeat silence after which a rank counts as dead. A killed rank is found within this plus two polls
 # (the acceptance bound is 60 s for every rank to exit); a live rank's watchdog thread beats every poll
 # even while its main thread runs torch ops or waits in a collective, which release the GIL.
 DEAD_AFTER_S = 20.0
+# The process group's own timeout is the guard's deadline plus this, so that the guard, which can name the
+# collective and the missing peers, is the one that stops a stuck run.
+BACKEND_GRACE_S = 30.0
 # How long one request of the guard's own store connection may block (the store's host gone or hung).
 _GUARD_STORE_TIMEOUT_S = 30.0
 
@@ -137,13 +141,14 @@ class RankGuard:
         the likely cause. The first failure published wins on every rank.
         """
         text = f"rank {self.rank}: {message}"
+        code = self.exit_code if code is None else code
         cause = None
         try:
             before = self._beats()
             deadline = time.monotonic() + max(grace_s, 3 * self.poll_s)
             while cause is None and time.monotonic() < deadline:
                 if self.store.check([FAILED_KEY]):
-                    cause = self.store.get(FAILED_KEY).decode(errors="replace")
+                    code, cause = _read_failure(self.store)
                 else:
                     time.sleep(0.05)
             if cause is None:
@@ -154,7 +159,7 @@ class RankGuard:
                     last = message.splitlines()[-1] if message else ""
                     text = (f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))} stopped "
                             f"responding (killed or crashed); rank {self.rank} saw: {last}")
-                cause = self.store.compare_set(FAILED_KEY, "", text).decode(errors="replace") or text
+                code, cause = _publish(self.store, code, text)
         except Exception:  # noqa: BLE001 - the store itself may be gone; still exit
             cause = text
         self._stop.set()
@@ -169,7 +174,7 @@ class RankGuard:
         # group down on this exit, or before the store goes away with rank 0 (no launcher).
         time.sleep(3 * self.poll_s)
         sys.stdout.flush()
-        self._exit(self.exit_code if code is None else code)
+        self._exit(code)
 
     def _beats(self) -> dict[int, int]:
         out = {}
@@ -188,7 +193,7 @@ class RankGuard:
                 cur = in_flight()
                 self.store.set(f"at/{self.rank}", json.dumps([cur.key(), cur.describe()] if cur else None))
                 if self.store.check([FAILED_KEY]):
-                    self._stop_for(self.store.get(FAILED_KEY).decode(errors="replace"))
+                    self._stop_for(*reversed(_read_failure(self.store)))
                     return
                 now = time.monotonic()
                 if cur is not None and self.deadline_s is not None and now - cur.since > self.deadline_s:
@@ -229,20 +234,21 @@ class RankGuard:
 
     def _publish_and_stop(self, text: str) -> None:
         """Publish `text` as the run's failure (unless another came first) and stop with the first one."""
+        code = self.exit_code
         try:
-            cause = self.store.compare_set(FAILED_KEY, "", text).decode(errors="replace") or text
+            code, cause = _publish(self.store, code, text)
         except Exception:  # noqa: BLE001 - the store may be gone
             cause = text
-        self._stop_for(cause)
+        self._stop_for(cause, code)
 
-    def _stop_for(self, message: str) -> None:
+    def _stop_for(self, message: str, code: int | None = None) -> None:
         _note_failure(message)
         print(f"[planner] rank {self.rank} stopping: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         # Stay up a few polls: without a launcher's store, rank 0 hosts it, and the other ranks must still
         # be able to read the cause from it.
         time.sleep(3 * self.poll_s)
-        self._exit(self.exit_code)
+        self._exit(self.exit_code if code is None else code)
 
     # --- context -------------------------------------------------------------------------------
     def __enter__(self) -> RankGuard:
@@ -261,6 +267,22 @@ class RankGuard:
         finally:
             self._stop.set()
             self._thread.join(timeout=5 * self.poll_s)
+
+
+def _publish(store: dist.Store, code: int, text: str) -> tuple[int, str]:
+    """Publish this failure unless one was published first; the run's failure, (exit status, message)."""
+    mine = f"{code}|{text}"
+    first = store.compare_set(FAILED_KEY, "", mine).decode(errors="replace") or mine
+    return _parse_failure(first)
+
+
+def _read_failure(store: dist.Store) -> tuple[int, str]:
+    return _parse_failure(store.get(FAILED_KEY).decode(errors="replace"))
+
+
+def _parse_failure(value: str) -> tuple[int, str]:
+    status, sep, text = value.partition("|")
+    return (int(status), text) if sep and status.isdigit() else (1, value)
 
 
 def _note_failure(message: str) -> None:
