@@ -1,9 +1,10 @@
 """planner: a memory-budgeted auto-parallelization planner for PyTorch.
 
-    from planner import plan, apply_plan, gather_state_dict, Plan
+    from planner import plan, apply_plan, distributed, gather_state_dict, Plan
     p = plan(model, budget="16GiB", world_size=8, example_inputs=(ids, targets))
     p.save("plan.json")
-    parallel_model = apply_plan(model, Plan.load("plan.json"))   # on every rank, inside a process group
+    with distributed(timeout_s=300):                             # on every rank, under torchrun
+        parallel_model = apply_plan(model, Plan.load("plan.json"))
 
 Names are imported on first use, so `import planner` stays cheap and each part can be used alone. No
 exported name is also the name of a submodule (the capture stage is the package `planner.trace`): importing a
@@ -22,6 +23,7 @@ _EXPORTS = {
     "Plan": "planner.plans.format",
     "PlanError": "planner.plans.format",
     "apply_plan": "planner.apply.rewrite",
+    "distributed": "planner.verify.guard",
     "gather_state_dict": "planner.apply.state",
     "capture": "planner.trace.tracer",
     "CaptureError": "planner.trace.tracer",

@@ -126,3 +126,15 @@ def test_calibrate_ranks_with_other_settings_stop_before_measuring(tmp_path: Pat
     assert len(set(messages)) == 1 and "the first collective of planner calibrate" in messages[0], messages
     assert "settings: ranks 0-2" in messages[0] and "sizes 4096-16384 B" in messages[0] and "4096-32768" in messages[0]
     assert not (tmp_path / "p.json").exists()
+
+
+def test_plans_that_differ_only_in_solve_time_agree(two_plans: dict[str, object]) -> None:
+    """Ranks that each planned the model in their own script hold equal plans with other solve times."""
+    import dataclasses
+
+    from planner.apply.agree import plan_digest
+
+    p = two_plans["default"]
+    slower = dataclasses.replace(p, solver=dataclasses.replace(p.solver, seconds=p.solver.seconds + 5))
+    assert plan_digest(slower) == plan_digest(p)
+    assert plan_digest(two_plans["fsdp"]) != plan_digest(p)

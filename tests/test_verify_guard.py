@@ -129,3 +129,43 @@ def test_calibrate_collectives_have_deadlines_too(tmp_path: Path) -> None:
     for r in (0, 1):
         assert "in all_reduce #1 over all ranks (calibrate: the slowest rank's time)" in outs[r], outs[r]
         assert "rank 2 is in no collective" in outs[r], outs[r]
+
+
+USER_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import torch
+    import planner
+    from planner.models import build_mlp
+
+    model, inputs = build_mlp(device="meta")
+    p = planner.plan(model, "1GiB", world_size=4, example_inputs=inputs, schemes=["fsdp"], workers=1)
+    with planner.distributed(timeout_s=3, poll_s=0.2, dead_after_s=5) as ctx:
+        torch.manual_seed(0)
+        dense, inputs = build_mlp()
+        par = planner.apply_plan(dense, p)
+        par(*inputs).sum().backward()  # the first step, on every rank
+        if ctx.rank == 3:  # this rank leaves the training loop: the others wait in the next step's gather
+            time.sleep(600)
+        par(*inputs).sum().backward()
+        print("done", ctx.rank, flush=True)
+""")
+
+
+def test_a_users_training_script_gets_deadlines_with_planner_distributed(tmp_path: Path) -> None:
+    """Deadlines are not only for `planner verify`: a user's own script under `planner.distributed()` stops
+    when one rank leaves the collective program, naming the collective and the rank that is not in it."""
+    script = tmp_path / "train.py"
+    script.write_text(USER_SCRIPT)
+    port = _port()
+    procs = []
+    for r in range(4):
+        env = {**os.environ, "PYTHONPATH": ROOT, "RANK": str(r), "WORLD_SIZE": "4", "LOCAL_RANK": str(r),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    codes = [p.returncode for p in procs]
+    assert len(set(codes)) == 1 and codes[0] != 0, (codes, outs)
+    for r in (0, 1, 2):
+        assert "waited more than 3 s in" in outs[r] and "rank 3 is in no collective" in outs[r], outs[r]
+        assert "done" not in outs[r]

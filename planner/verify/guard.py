@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -32,7 +33,7 @@ import torch.distributed as dist
 from cost_models.errors import PlannerError, internal_error_line
 from layers3d.inflight import InFlight, in_flight
 
-__all__ = ["DistContext", "LaunchError", "init_distributed", "RankGuard", "FAILED_KEY", "DEAD_AFTER_S",
+__all__ = ["DistContext", "LaunchError", "init_distributed", "distributed", "RankGuard", "FAILED_KEY", "DEAD_AFTER_S",
            "BACKEND_GRACE_S"]
 
 FAILED_KEY = "failed"  # the run's first failure: "<exit status>|<message>" (every rank exits with that status)
@@ -105,6 +106,32 @@ def init_distributed(timeout_s: float = 300.0, backend: str | None = None) -> Di
                         timeout=timedelta(seconds=min(timeout_s, _GUARD_STORE_TIMEOUT_S)))
     guard_store = dist.PrefixStore(prefix + "guard/", own)
     return DistContext(rank, world, local, device, backend, store, guard_store)
+
+
+@contextmanager
+def distributed(timeout_s: float = 300.0, *, backend: str | None = None, debug: bool = False,
+                poll_s: float = 0.5, dead_after_s: float = DEAD_AFTER_S) -> Iterator[DistContext]:
+    """Run a training script's ranks the way `planner verify` runs its own: start the process group from
+    torchrun's environment, and guard the block (`RankGuard`).
+
+        with planner.distributed(timeout_s=300) as ctx:
+            model = planner.apply_plan(model, planner.Plan.load("plan.json"))
+            ...  # train
+
+    Inside the block, a rank that raises stops every rank with its message (one line for a PlannerError),
+    a rank that dies is named by the others within `dead_after_s`, and a rank that waits in one of the
+    package's collectives longer than `timeout_s` stops the run naming that collective and the ranks that
+    are not in it. Every rank then exits with the first failure's status. The process group is destroyed
+    when the block ends normally.
+    """
+    if not timeout_s > 0:
+        raise LaunchError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
+    ctx = init_distributed(timeout_s=timeout_s + BACKEND_GRACE_S, backend=backend)
+    with RankGuard(ctx.guard_store, ctx.rank, ctx.world_size, debug=debug, deadline_s=timeout_s, poll_s=poll_s,
+                   dead_after_s=dead_after_s):
+        yield ctx
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class RankGuard:
