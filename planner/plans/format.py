@@ -37,6 +37,7 @@ from typing import Any
 from cost_models.errors import one_line
 from cost_models.files import write_atomic
 from cost_models.layout import Layout, LayoutError
+from cost_models.memory import DEVICE_KINDS
 from cost_models.mesh import Mesh
 from cost_models.ops import DTYPE_BYTES
 from cost_models.strategy import SCHEMES, Strategy
@@ -54,7 +55,6 @@ MAX_DIM_SIZE = 2**40
 MAX_NUMEL = 2**50
 MAX_PLAN_BYTES = 256 * 2**20  # the most a plan file may hold
 SOLVER_STATUSES = ("optimal", "feasible", "infeasible", "error")
-DEVICE_KINDS = ("cuda", "cpu")
 # Scheme names a user may ask for: every strategy scheme plus "1d" (1d_col and 1d_row together).
 _OPTION_SCHEMES = SCHEMES + ("1d",)
 
