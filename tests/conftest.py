@@ -1,12 +1,16 @@
 """Make the repository root importable (`planner`, `cost_models`, `layers3d`) when pytest is run as `pytest`
-rather than `python -m pytest`: the project is used from a checkout, not installed."""
+rather than `python -m pytest` (the project is used from a checkout, not installed), and this folder's
+shared helpers (`distributed`, `apply_checks`, `zoo`, ...) importable from the tests in its sub-folders,
+which mirror the packages (tests/cost_models, tests/layers3d, tests/planner/<stage>)."""
 
 import sys
 from pathlib import Path
 
+TESTS = str(Path(__file__).resolve().parent)
 ROOT = str(Path(__file__).resolve().parents[1])
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (TESTS, ROOT):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 
 import pytest  # noqa: E402

@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+from paths import ROOT as REPO_ROOT
 from plan_examples import make_plan
 
 import planner
@@ -24,7 +25,7 @@ from planner.cli.app import EXIT_INTERNAL, main
 from planner.plans.format import Plan
 from planner.plans.meshes import MeshResult, WorkerTraceback, plan_meshes
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(REPO_ROOT)
 PACKAGES = ("cost_models", "layers3d", "planner")
 
 

@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import ROOT as REPO_ROOT
 
 pytestmark = pytest.mark.distributed
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(REPO_ROOT)
 WORKER = textwrap.dedent("""
     import os, sys, time
     import torch, torch.distributed as dist

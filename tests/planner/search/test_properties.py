@@ -12,7 +12,7 @@ For a random model (layers, hidden size, heads, sequence, batch), world size (1,
   parameters after an AdamW step.
 
 Runs: the default run draws a few fixed (derandomised) examples, about 30 s on 2 cores. The extended run
-draws many random ones: `PLANNER_HYPOTHESIS=extended python -m pytest tests/test_properties.py` (200
+draws many random ones: `PLANNER_HYPOTHESIS=extended python -m pytest tests/planner/search/test_properties.py` (200
 examples for each planning test and 150 applied plans; an hour's timeout per test). One full passing run measured
 with `time` on the 2-core VM, benchmarks running beside it: 15 min 49 s (4 tests).
 """
@@ -23,7 +23,6 @@ import functools
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ from apply_checks import compare_with_dense, dense_reference
 from distributed import run_ranks
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
+from paths import DATA
 
 from planner.api import InfeasibleError, plan
 from planner.models.gpt import build_gpt
@@ -192,4 +192,4 @@ def test_a_plan_that_splits_attention_heads_equals_dense() -> None:
     gradient is a partial sum over y. It was not all-reduced (ln_1.bias off by 2.5e-3 relative); the
     matmul rule now prices and the apply path runs that all-reduce (test_cost_ops has the rule's test)."""
     config = Config(kind="gpt", n_layer=1, width=8, extra=2, batch=2, seq=4, vocab=16)
-    _check_applied(config, Plan.load(Path(__file__).parent / "data" / "gpt_heads_split_plan.json"), 4)
+    _check_applied(config, Plan.load(DATA / "gpt_heads_split_plan.json"), 4)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT as REPO_ROOT
 
 import planner.plans.format as plan_format
 from cost_models.hardware import BUILTIN_PROFILES, ProfileError, load_profile
@@ -27,7 +28,7 @@ from planner.plans.format import Plan, PlanError
 from planner.search.solve import Solution
 from planner.trace.tracer import capture
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(REPO_ROOT)
 MODELS = '''\
 import torch
 from planner.models.gpt import build_gpt

@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT as REPO_ROOT
 
 from planner.launch import main
 from planner.models.mlp import build_mlp
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(REPO_ROOT)
 
 
 def test_a_launch_without_a_command_is_one_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,17 +14,17 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from apply_plans import mixed_plan, uniform_plan
+from paths import ROOT as REPO_ROOT
 
 from planner.models.gpt import build_gpt
 from planner.trace.tracer import capture
 
 pytestmark = pytest.mark.distributed
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(REPO_ROOT)
 
 
 def torchrun(*args: str, ranks: int = 8, timeout: float = 400) -> tuple[subprocess.CompletedProcess, float]:

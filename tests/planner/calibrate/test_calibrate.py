@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT as REPO_ROOT
 
 from cost_models.comm import collective_seconds
 from cost_models.hardware import ProfileError, load_profile
@@ -23,7 +24,7 @@ from planner.calibrate.run import Calibration, build_profile, fit_calibration
 from planner.cli.app import main as cli_main
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 
 # --- which groups are timed ------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT as REPO_ROOT
 from plan_examples import make_plan
 from rich.console import Console
 
@@ -24,7 +25,7 @@ from planner.plans.format import Plan
 from planner.search.build import SchemeError
 from planner.units import format_bytes, format_seconds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 
 def _missing_for_planning() -> str | None:

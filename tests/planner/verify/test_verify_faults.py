@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 from apply_plans import uniform_plan
+from paths import ROOT as REPO_ROOT
 
 from planner.models.gpt import build_gpt
 from planner.trace.tracer import capture
 
 pytestmark = pytest.mark.distributed
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(REPO_ROOT)
 WORLD = 4
 BOUND_S = 60.0  # acceptance: every rank has exited within this many seconds of the fault
 

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from distributed import run_ranks
+from paths import ROOT as REPO_ROOT
 
 from planner.api import plan
 from planner.apply.agree import RankMismatchError, agree
 from planner.models.mlp import build_mlp
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(REPO_ROOT)
 
 
 @pytest.fixture(scope="module")

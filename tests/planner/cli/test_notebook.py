@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
+from paths import ROOT as REPO_ROOT
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_walkthrough.ipynb"
+NOTEBOOK = REPO_ROOT / "notebooks" / "01_walkthrough.ipynb"
 KERNEL = "planner-test-python"
 CELL_TIMEOUT_S = 600  # the whole notebook takes about a minute; this only stops a hung kernel
 

@@ -4,11 +4,11 @@ no arrow back (docs/import_graph.py draws the graph ARCHITECTURE.md shows)."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import networkx as nx
+from paths import ROOT as REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 
 def _graph_module():

@@ -12,13 +12,14 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
+from paths import ROOT as REPO_ROOT
 from torch.profiler import ProfilerActivity, profile
 
 from planner.models import get_example
 from planner.trace.graph import GraphError, ModelGraph
 from planner.trace.tracer import CaptureError, capture
 
-ROOT = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+ROOT = str(REPO_ROOT)
 
 
 @pytest.fixture(scope="module")
