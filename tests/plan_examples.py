@@ -101,6 +101,6 @@ def make_plan() -> Plan:
         assignments=assignments, redistributions=redistributions, checkpoint=["h.0"], predicted=predicted,
         solver=SolverInfo(name="highs", status="optimal", objective=compute + comm + recompute, gap=0.0,
                           seconds=0.125, method="flat"),
-        feasible=True, options=PlanOptions(bytes_per_param=16, device="cuda", checkpointing=True,
+        options=PlanOptions(bytes_per_param=16, device="cuda", checkpointing=True,
                                            schemes=["replicate", "fsdp", "1d", "2d", "3d", "3d_allreduce"]),
     )

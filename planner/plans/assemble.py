@@ -242,5 +242,5 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     return Plan(model=ModelInfo(graph.name, graph.fingerprint, inputs), mesh=mesh, budget_bytes=budget_bytes,
                 hardware=hw.to_json(), assignments=assignments, redistributions=redists,
                 checkpoint=sorted(ckpt, key=lambda b: [x.name for x in graph.blocks].index(b)),
-                predicted=predicted, solver=solver, feasible=predicted.bound_bytes <= budget_bytes,
+                predicted=predicted, solver=solver,
                 options=PlanOptions(bytes_per_param, device, checkpointing, schemes))

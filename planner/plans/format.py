@@ -220,7 +220,6 @@ class Plan:
     checkpoint: list[str]
     predicted: Predicted
     solver: SolverInfo
-    feasible: bool
     options: PlanOptions
     schema_version: int = SCHEMA_VERSION
 
@@ -228,11 +227,18 @@ class Plan:
     def world_size(self) -> int:
         return self.mesh.world_size
 
+    @property
+    def feasible(self) -> bool:
+        """Whether the plan fits its budget: the predicted bound (everything alive together) is within it.
+        Derived, never stored apart from what it is derived from; the plan file writes it for readers."""
+        return self.predicted.bound_bytes <= self.budget_bytes
+
     # --- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON data (dicts, lists, numbers, strings), without checking it."""
         data = to_data(self, Plan, "")
         data["world_size"] = self.world_size
+        data["feasible"] = self.feasible
         return data
 
     def to_json(self) -> str:
@@ -248,15 +254,21 @@ class Plan:
             raise PlanError(f"a plan is a JSON object, got {describe(data)}; is this a plan file?")
         _check_version(data)
         mesh = read_mesh(data.get("mesh"), "mesh") if "mesh" in data else None
-        body = {k: v for k, v in data.items() if k != "world_size"}
-        if "world_size" not in data:
-            raise PlanError(f"missing key 'world_size' at the top level; {REPLAN}")
+        body = {k: v for k, v in data.items() if k not in ("world_size", "feasible")}
+        for key in ("world_size", "feasible"):
+            if key not in data:
+                raise PlanError(f"missing key {key!r} at the top level; {REPLAN}")
         plan = JsonReader(mesh).dataclass(Plan, body, "")
         world = data["world_size"]
         if not isinstance(world, int) or isinstance(world, bool) or world != plan.world_size:
             raise PlanError(f"world_size: {world!r} does not match the mesh {plan.mesh} "
                             f"({plan.world_size} ranks); {REPLAN}")
         _check_plan(plan)
+        if not isinstance(data["feasible"], bool):
+            raise PlanError(f"feasible: expected true or false, got {describe(data['feasible'])}; {REPLAN}")
+        if data["feasible"] is not plan.feasible:
+            raise PlanError(f"feasible: {data['feasible']!r} does not match the plan (predicted bound "
+                            f"{plan.predicted.bound_bytes} B against budget_bytes {plan.budget_bytes} B); {REPLAN}")
         return plan
 
     @classmethod

@@ -199,6 +199,7 @@ BAD_FILES = {
     "unknown key": (_edit(_set("solver.temperature", 3)), "unknown key 'temperature' in solver"),
     "budget as string": (_edit(_set("budget_bytes", "16GiB")), "budget_bytes: expected an integer, got a string"),
     "feasible as string": (_edit(_set("feasible", "yes")), "feasible: expected true or false"),
+    "feasible not derived": (_edit(_set("feasible", False)), "feasible: False does not match the plan"),
     "float for int": (_edit(_set("predicted.comm_bytes", 1.5)), "predicted.comm_bytes: expected an integer"),
     "inputs not a list": (_edit(_set("assignments.0.inputs", {})), "assignments[0].inputs: expected a list"),
     "negative size": (_edit(_set("assignments.1.cost.saved_bytes", -5)),
