@@ -235,29 +235,42 @@ def _join_producer(op: OpNode, found: list[Strategy], nodes: dict[str, OpNode],
     return True
 
 
-def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_bytes: int, *,
-                  device: str = "cuda", bytes_per_param: int = 16, schemes: frozenset[str] | None = None,
-                  checkpointing: bool = True) -> BuiltProblem:
-    mark_graph_hints(graph.nodes)  # fused q/k/v outputs and transposed matmul operands (idempotent)
-    nodes = {n.name: n for n in graph.nodes}
-    strategies: dict[str, list[Strategy]] = {}
-    not_offered: dict[str, list[str]] = {}
-    costs: dict[str, list[OpCost]] = {}
-    decision_of: dict[str, str] = {}
-    decisions: dict[str, Decision] = {}
-    unsupported: list[str] = []
+@dataclass
+class Enumerated:
+    """Stage 1, per op in execution order: the strategies offered (and why others are not), their costs,
+    which ops copied both from the same op of the previous identical block, and the ops without a rule."""
 
-    # --- 1 + 2: enumerate in execution order and group followers -------------------------------
-    # An op of a repeated block whose counterpart in the previous identical block has the same signature
-    # and inputs with the same strategies has the same strategies and costs: copy them (renamed).
+    strategies: dict[str, list[Strategy]]
+    not_offered: dict[str, list[str]]
+    costs: dict[str, list[OpCost]]
+    copied: dict[str, str]
+    unsupported: list[str]
+
+
+@dataclass
+class Grouped:
+    """Stage 2: ops decided together (a follower joins the decision of its only multi-choice producer)."""
+
+    decisions: dict[str, Decision]
+    decision_of: dict[str, str]
+
+
+def enumerate_ops(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, *, device: str, bytes_per_param: int,
+                  schemes: frozenset[str] | None) -> Enumerated:
+    """Offer and cost every op's strategies, given the layouts its producers can hand it.
+
+    An op of a repeated block whose counterpart in the previous identical block has the same signature and
+    inputs with the same strategies has the same strategies and costs: they are copied (renamed)."""
+    nodes = {n.name: n for n in graph.nodes}
+    out = Enumerated({}, {}, {}, {}, [])
+    strategies = out.strategies
     template = _templates(graph)
-    copied: dict[str, str] = {}
     for op in graph.nodes:
         t = template.get(op.name)
         if t is not None and _same_inputs(op, nodes[t], strategies):
-            found, reasons = strategies[t], not_offered[t]
-            costs[op.name] = _renamed(costs[t], nodes[t], op)
-            copied[op.name] = t
+            found, reasons = strategies[t], out.not_offered[t]
+            out.costs[op.name] = _renamed(out.costs[t], nodes[t], op)
+            out.copied[op.name] = t
         else:
             cands: list[list[Layout]] = []
             for src in op.inputs:
@@ -277,33 +290,44 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
             found, reasons = _restrict(op, found, reasons, schemes)
             if not found:
                 raise AssertionError(f"no strategy at all for {op.name} ({op.kind}); the cost model must offer one")
-            costs[op.name] = op_costs(op, found, mesh, hw, device=device, bytes_per_param=bytes_per_param)
+            out.costs[op.name] = op_costs(op, found, mesh, hw, device=device, bytes_per_param=bytes_per_param)
         if op.kind == "other":
-            unsupported.append(op.name)
+            out.unsupported.append(op.name)
         strategies[op.name] = found
-        not_offered[op.name] = reasons
+        out.not_offered[op.name] = reasons
+    return out
 
-        joined = _join_producer(op, found, nodes, strategies, decisions, decision_of)
-        if not joined:
-            decisions[op.name] = Decision(op.name, [op.name], [list(range(len(found)))], op.block)
-            decision_of[op.name] = op.name
 
-    # --- 3: price choices and edges --------------------------------------------------------------
+def group_decisions(graph: ModelGraph, en: Enumerated) -> Grouped:
+    """Each op its own decision, unless it joins its producer's (see `_join_producer`), in execution order."""
+    nodes = {n.name: n for n in graph.nodes}
+    g = Grouped({}, {})
+    for op in graph.nodes:
+        found = en.strategies[op.name]
+        if not _join_producer(op, found, nodes, en.strategies, g.decisions, g.decision_of):
+            g.decisions[op.name] = Decision(op.name, [op.name], [list(range(len(found)))], op.block)
+            g.decision_of[op.name] = op.name
+    return g
+
+
+def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int) -> tuple[list[ProblemNode], dict[str, str]]:
+    """One ProblemNode per decision, its choices priced by summing its ops' costs; and, per decision
+    identical to one of the previous block (same template ops, same members), that decision's name."""
     pnodes: list[ProblemNode] = []
     priced: dict[str, list[Choice]] = {}
-    same_decision: dict[str, str] = {}  # decision -> the identical decision of the previous block
-    for d in decisions.values():
-        t_ops = [copied.get(op) for op in d.ops]
-        if all(t_ops) and t_ops[0] in decision_of:
-            dt = decisions[decision_of[t_ops[0]]]
+    same_decision: dict[str, str] = {}
+    for d in g.decisions.values():
+        t_ops = [en.copied.get(op) for op in d.ops]
+        if all(t_ops) and t_ops[0] in g.decision_of:
+            dt = g.decisions[g.decision_of[t_ops[0]]]
             if dt.ops == t_ops and dt.members == d.members:
                 same_decision[d.name] = dt.name
                 priced[d.name] = priced[dt.name]
-                pnodes.append(ProblemNode(d.name, list(priced[d.name]), d.block, _labels(d, strategies)))
+                pnodes.append(ProblemNode(d.name, list(priced[d.name]), d.block, _labels(d, en.strategies)))
                 continue
         choices = []
         for c in range(len(d.members[0])):
-            oc = [costs[op][idx[c]] for op, idx in zip(d.ops, d.members)]
+            oc = [en.costs[op][idx[c]] for op, idx in zip(d.ops, d.members)]
             saved: dict[str, int] = {}
             for cost in oc:
                 for t in cost.saved:
@@ -316,9 +340,18 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
                 transient_bytes=max((x.transient_bytes for x in oc), default=0),
             ))
         priced[d.name] = choices
-        pnodes.append(ProblemNode(d.name, choices, d.block, _labels(d, strategies)))
+        pnodes.append(ProblemNode(d.name, choices, d.block, _labels(d, en.strategies)))
+    return pnodes, same_decision
 
-    edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+
+def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerated, g: Grouped,
+                same_decision: dict[str, str]) -> list[ProblemEdge]:
+    """The layout conversions between decisions: per (producer choice, consumer choice), the time, the
+    recompute time and the working set of converting each tensor that crosses, summed per decision pair.
+    Each distinct (shape, dtype, from, to, gradient) is priced once; a repeated block's edges are copied."""
+    nodes = {n.name: n for n in graph.nodes}
+    strategies, decisions, decision_of, copied = en.strategies, g.decisions, g.decision_of, en.copied
+    edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     memo: dict[tuple, tuple[float, float]] = {}
     # (op, arg) -> its (cost, recompute, working set) matrices, None when all zero
     edge_of: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
@@ -365,13 +398,17 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
                 continue
             edge_of[(op.name, arg)] = (cost, rec, work)
             _add_edge(edge_mats, (du.name, dv.name), cost, rec, work)
-    pedges = [ProblemEdge(u, v, c, r, w if w.any() else None) for (u, v), (c, r, w) in edge_mats.items()]
+    return [ProblemEdge(u, v, c, r, w if w.any() else None) for (u, v), (c, r, w) in edge_mats.items()]
 
-    # --- 4: blocks ---------------------------------------------------------------------------------
+
+def block_specs(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped) -> list[Block]:
+    """The checkpointable blocks: their decisions, and per choice of the decision feeding the block the
+    bytes of the input a checkpointed block keeps."""
+    nodes = {n.name: n for n in graph.nodes}
     pblocks: list[Block] = []
     for b in graph.blocks:
-        members = list(dict.fromkeys(decision_of[n] for n in b.nodes if n in decision_of))
-        members = [m for m in members if decisions[m].block == b.name]
+        members = list(dict.fromkeys(g.decision_of[n] for n in b.nodes if n in g.decision_of))
+        members = [m for m in members if g.decisions[m].block == b.name]
         if not members:
             continue
         inside = set(b.nodes)
@@ -379,16 +416,29 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
         input_node, input_bytes = None, []
         if feeders:
             src = feeders[0]
-            du = decisions[decision_of[src]]
+            du = g.decisions[g.decision_of[src]]
             ku = du.ops.index(src)
             input_node = du.name
             meta = nodes[src].out
             for c in range(len(du.members[0])):
-                lay = strategies[src][du.members[ku][c]].outputs[0]
+                lay = en.strategies[src][du.members[ku][c]].outputs[0]
                 input_bytes.append(lay.local_numel(meta.shape, mesh) * meta.itemsize)
         pblocks.append(Block(b.name, members, input_node, input_bytes, b.cls))
+    return pblocks
 
-    problem = Problem(pnodes, pedges, pblocks, int(budget_bytes), checkpointing=checkpointing,
+
+def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_bytes: int, *,
+                  device: str = "cuda", bytes_per_param: int = 16, schemes: frozenset[str] | None = None,
+                  checkpointing: bool = True) -> BuiltProblem:
+    """The solver's problem for `graph` on `mesh`, in four stages with plain data between them: enumerate
+    and cost each op's strategies, group followers into their producers' decisions, price choices and
+    edges, and list the checkpointable blocks."""
+    mark_graph_hints(graph.nodes)  # fused q/k/v outputs and transposed matmul operands (idempotent)
+    en = enumerate_ops(graph, mesh, hw, device=device, bytes_per_param=bytes_per_param, schemes=schemes)
+    g = group_decisions(graph, en)
+    pnodes, same_decision = price_choices(en, g, bytes_per_param)
+    pedges = price_edges(graph, mesh, hw, en, g, same_decision)
+    problem = Problem(pnodes, pedges, block_specs(graph, mesh, en, g), int(budget_bytes), checkpointing=checkpointing,
                       uniform_groups=UNIFORM_GROUPS)
-    return BuiltProblem(mesh, problem, list(decisions.values()), strategies, costs, not_offered,
-                        decision_of, unsupported)
+    return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,
+                        g.decision_of, en.unsupported)
