@@ -169,6 +169,15 @@ def test_rotate_half_cat_and_repeat_kv_expand_keep_the_heads_split() -> None:
     assert s.outputs[0] == Layout((("x",), (), ("y",), ()))
 
 
+def test_cat_skips_a_legacy_empty_input() -> None:
+    """torch.cat([torch.empty(0), k], dim=2) (HF OPT's empty key cache): the empty input takes any layout."""
+    k = TensorMeta((8, 4, 32, 16), F32)
+    cat = _op("cat", [TensorMeta((0,), F32), k], k, dim=2, stack=False)
+    heads = Layout((("x",), ("y",), (), ()))
+    (s,) = [s for s in enumerate_strategies(cat, MESH, [[Layout(((),))], [heads]])[0] if s.outputs[0] == heads]
+    assert s.inputs == (None, heads)
+
+
 class TypeAs(nn.Module):
     """x.type_as(other) with x from a buffer (one layout) and other an activation: two tensor inputs."""
 

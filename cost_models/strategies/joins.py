@@ -25,10 +25,11 @@ from cost_models.strategy import Strategy
 __all__ = ["cat_rule", "cat_call", "expand_rule", "expand_call", "complex_view_rule", "complex_view_call"]
 
 
-def _moved(op: OpNode, mesh: Mesh, ins: tuple[Layout, ...], out: Layout) -> Usage:
+def _moved(op: OpNode, mesh: Mesh, ins: tuple[Layout | None, ...], out: Layout) -> Usage:
     """A copy: reads the inputs, writes the output; twice that backward."""
     u = Usage(mesh, dtype=op.out.dtype)
-    moved = sum(local_bytes(m, lay, mesh) for m, lay in zip(op.input_meta, ins)) + local_bytes(op.out, out, mesh)
+    moved = sum(local_bytes(m, lay, mesh) for m, lay in zip(op.input_meta, ins) if lay is not None)
+    moved += local_bytes(op.out, out, mesh)
     u.fwd_bytes, u.bwd_bytes = moved, 2 * moved
     return u
 
@@ -48,9 +49,12 @@ def cat_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Ite
     """cat along attrs["dim"] (every input in one layout, that dim unsplit) or stack at attrs["dim"] of
     the output (a new unsplit dim)."""
     dim, stack = int(op.attrs.get("dim", 0)), bool(op.attrs.get("stack"))
-    in_nd = len(op.input_meta[0].shape)
+    in_nd = len(op.out.shape) - (1 if stack else 0)
+    # torch.cat skips 1-d empty tensors of any rank (HF OPT's empty key cache): they take any layout
+    joined = [i for i, m in enumerate(op.input_meta) if not _skipped(m.shape, in_nd, stack)]
+    joined = joined or list(range(len(op.input_meta)))
     pool: list[Layout] = []
-    for i in range(len(op.input_meta)):
+    for i in joined:
         for lay in input_candidates_for(op, i, candidates, mesh):
             if lay not in pool:
                 pool.append(lay)
@@ -60,7 +64,7 @@ def cat_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Ite
         if not stack and lay.dims[dim]:
             yield f"cat along dim {dim} split over {''.join(lay.dims[dim])}"
             continue
-        if not all(lay.fits(m.shape, mesh) for m in op.input_meta):
+        if not all(lay.fits(op.input_meta[i].shape, mesh) for i in joined):
             yield f"{lay} does not fit every input"
             continue
         if stack:
@@ -71,8 +75,13 @@ def cat_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Ite
         if not out.fits(op.out.shape, mesh):
             yield f"{out} does not fit output {op.out.shape}"
             continue
-        ins = (lay,) * len(op.input_meta)
+        ins = tuple(lay if i in joined else None for i in range(len(op.input_meta)))
         yield Strategy("follow", ins, (out,)), _moved(op, mesh, ins, out)
+
+
+def _skipped(shape: tuple[int, ...], nd: int, stack: bool) -> bool:
+    """Whether torch.cat ignores an input of `shape` when joining `nd`-dim tensors: a 1-d empty one."""
+    return not stack and nd != 1 and tuple(shape) == (0,)
 
 
 def expand_call(call: Call) -> dict[str, Any] | None:
