@@ -1,6 +1,6 @@
 """Prediction fidelity: predicted against measured communication, saved activations and peak memory.
 
-    python bench/fidelity.py                          # gpt-tiny (batch 32, seq 64) and hf-gpt2, every scheme
+    python bench/fidelity.py                          # gpt-tiny (batch 32, seq 64), hf-gpt2, hf-llama, every scheme
     python bench/fidelity.py --model gpt-tiny --no-checkpoint
 
 For each model, every uniform scheme (replicate, fsdp, 1d, 2d, 3d, 3d_allreduce) and the rule-picked mixed
@@ -29,7 +29,7 @@ from fidelity_cases import SCHEMES, make_plans, measure_rank  # noqa: E402
 from planner.models.loading import get_example  # noqa: E402
 from planner.trace.tracer import capture  # noqa: E402
 
-MODELS = {"gpt-tiny": {"batch_size": 32, "seq_len": 64}, "hf-gpt2": {}}
+MODELS = {"gpt-tiny": {"batch_size": 32, "seq_len": 64}, "hf-gpt2": {}, "hf-llama": {}}
 
 
 def _build(name: str) -> Any:

@@ -2,6 +2,7 @@
 
     python bench/plan_time.py                      # gpt2-xl and gpt3-175b on 64 ranks, GPT-3 depth sweep
     python bench/plan_time.py --quick              # fewer points
+    python bench/plan_time.py --only llama3-8b     # the rows of one model
 
 Prints seconds per row, measured in this process one after another; the growth with layers should be
 near-linear because identical layers are solved once per class (two-level solve).
@@ -29,11 +30,14 @@ def timed_plan(name: str, world: int, budget: str, **overrides) -> tuple[float, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", metavar="NAME", help="run only the rows of this model")
     args = ap.parse_args()
-    rows = [("gpt2-xl", 64, "20GiB", {}), ("gpt3-175b", 64, "80GiB", {})]
+    rows = [("gpt2-xl", 64, "20GiB", {}), ("gpt3-175b", 64, "80GiB", {}), ("llama3-8b", 64, "40GiB", {})]
     depths = [12, 24] if args.quick else [12, 24, 48, 96]
     rows += [("gpt3-175b", 64, "80GiB", {"n_layer": n}) for n in depths]
     rows += [("gpt2-xl", w, "20GiB", {}) for w in ([8] if args.quick else [8, 512])]
+    if args.only:
+        rows = [r for r in rows if r[0] == args.only]
     print(f"{'model':<12} {'layers':>6} {'ranks':>5} {'capture s':>9} {'plan s':>8} {'mesh':>12} {'solver':>18}")
     for name, world, budget, over in rows:
         t_cap, t_all, p = timed_plan(name, world, budget, **over)

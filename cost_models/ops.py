@@ -14,7 +14,7 @@ __all__ = ["DTYPE_BYTES", "TensorMeta", "ParamInfo", "OpNode"]
 
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
-    "int8": 1, "uint8": 1, "bool": 1, "complex64": 8,
+    "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16,
 }
 
 

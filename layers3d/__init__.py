@@ -28,6 +28,7 @@ from layers3d.loss import ParallelCrossEntropy, vocab_parallel_cross_entropy
 from layers3d.mesh import DeviceMesh
 from layers3d.norm import ParallelLayerNorm
 from layers3d.redistribute import redistribute
+from layers3d.rms_norm import ParallelRMSNorm
 from layers3d.shard import default_init, gather_tensor, local_block, shard_generator, shard_tensor
 
 __all__ = [
@@ -37,6 +38,6 @@ __all__ = [
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast",
     "redistribute", "reduce_grad", "gather_param", "reduce_output", "reduce_scatter_output",
     "ParallelLinear", "LinearScheme", "LinearPlan",
-    "ParallelLayerNorm", "ParallelEmbedding", "EMBEDDING_SCHEMES", "vocab_parallel_cross_entropy",
+    "ParallelLayerNorm", "ParallelRMSNorm", "ParallelEmbedding", "EMBEDDING_SCHEMES", "vocab_parallel_cross_entropy",
     "shard_tensor", "local_block", "gather_tensor", "shard_generator", "default_init",
 ]

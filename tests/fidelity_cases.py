@@ -39,11 +39,16 @@ def with_checkpoint(graph: ModelGraph, p: Plan, blocks: Sequence[str]) -> Plan:
     """`p`'s assignment with exactly `blocks` checkpointed, re-assembled (prediction included)."""
     hw = load_profile(HARDWARE)
     built = build_problem(graph, p.mesh, hw, p.budget_bytes, device="cpu", bytes_per_param=16)
-    picked = {a.node: a.strategy for a in p.assignments}
+    # the label alone ("follow") does not tell a follow op's layouts apart: match the layouts too
+    picked = {a.node: (a.strategy, tuple(a.inputs), tuple(a.outputs)) for a in p.assignments}
+
+    def same(s: Any, op: str) -> bool:
+        return (s.label(), tuple(s.inputs), tuple(s.outputs)) == picked[op]
+
     choice: dict[str, int] = {}
     for d in built.decisions:
         matches = [c for c in range(len(d.members[0]))
-                   if all(built.strategies[op][m[c]].label() == picked[op] for op, m in zip(d.ops, d.members))]
+                   if all(same(built.strategies[op][m[c]], op) for op, m in zip(d.ops, d.members))]
         if not matches:
             raise AssertionError(f"decision {d.name}: the plan's strategies are not among the built ones")
         choice[d.name] = matches[0]

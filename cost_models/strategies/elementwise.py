@@ -94,13 +94,25 @@ def elementwise_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str
         if op.attrs.get("saves_output"):  # exp, sqrt, rsqrt...: the backward reads the result
             u.save(tensor_key(op.name, out), local_bytes(op.out, out, mesh))
         grads = op.attrs.get("grad_inputs") or tuple(m.dtype in _FLOAT for m in op.input_meta)
+        kept = _kept_inputs(op, saves, grads)
         for i, (lay, m) in enumerate(zip(ins, op.input_meta)):
-            if i in saves:
+            if i in kept:
                 u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
             if i < len(grads) and grads[i] and m.dtype in _FLOAT:
                 axes = broadcast_axes(out, m.shape, out_shape)
                 u.collective("all_reduce", axes, local_bytes(m, lay, mesh), "backward", "grad_input")
         yield Strategy("follow", ins, (out,)), u
+
+
+def _kept_inputs(op: OpNode, saves: tuple[int, ...], grads: tuple[bool, ...]) -> set[int]:
+    """The inputs of `saves` autograd keeps: x * y keeps y only for x's gradient and x only for y's
+    (q * cos with a table that carries no gradient keeps the table alone); x / y keeps y when either has
+    a gradient and x only for y's."""
+    fn = op.attrs.get("fn")
+    if fn in ("mul", "div") and len(op.inputs) == 2 and len(grads) == 2:
+        need = {0: grads[1], 1: grads[0] or (fn == "div" and grads[1])}
+        return {i for i in saves if need.get(i, True)}
+    return set(saves)
 
 
 def reduction_call(call: Call) -> dict[str, Any]:

@@ -67,7 +67,8 @@ def follow_unary_rule(op: OpNode, mesh: Mesh, candidates: Candidates,
             u.fwd_flops = u.bwd_flops = 0
         else:
             save(u, lay)
-        yield Strategy("follow", (lay,), (lay,)), u
+        # type_as(other): `other` is read for its dtype only, so it may arrive in any layout
+        yield Strategy("follow", (lay,) + (None,) * (len(op.inputs) - 1), (lay,)), u
 
 
 # --- the single-input families ------------------------------------------------------------------------

@@ -20,6 +20,10 @@ Rules see one op at a time, but two choices depend on the graph around it:
   carries one: the attention mask HF builds from arange/full/cumsum and the `where` that turns it into
   an additive bias): autograd records no node for it, so it saves nothing (measured: HF GPT-2's mask
   `where` saves no condition). Set only when true, so ordinary ops keep their signatures.
+* `attrs["out_view"]` on an attention op whose output is only read through `transpose(1, 2)` and a
+  reshape to [*batch, L, H*E] (the heads merged back): the fused kernels write the output in that
+  order, so the view shares its storage and a linear that saves it saves the same bytes
+  (see `cost_models.strategies.sdpa`).
 * `attrs["tied"] = ("weight", ...)` on an op whose parameters of those roles belong to an earlier op (a
   head tied to the token embedding): the earlier op stores them (one copy of the parameter, its
   gradient and optimizer state per rank, in its layout), so this op's rule counts no state for them.
@@ -33,6 +37,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from cost_models.ops import OpNode
+from cost_models.strategies.sdpa import sdpa_output_view
 
 __all__ = ["mark_graph_hints", "equal_last_dim_split"]
 
@@ -85,6 +90,8 @@ def mark_graph_hints(ops: list[OpNode]) -> None:
                 op.attrs["out_segments"] = segments.pop()
             else:
                 op.attrs.pop("out_segments", None)
+        elif op.kind == "attention":
+            sdpa_output_view(op, consumers, by_name)
         elif op.kind == "matmul":
             op.attrs["grad_inputs"] = tuple(flows.get(src, False) for src in op.inputs)
             op.attrs["copies_inputs"] = tuple(

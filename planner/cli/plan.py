@@ -17,8 +17,9 @@ from planner.units import format_bytes, parse_bytes
 
 __all__ = ["PLANNING_ARGS", "planning_options", "load_example", "infeasible_error", "plan_command"]
 
-MODEL_HELP = ("a built-in example (gpt-tiny, gpt2-small, gpt2-xl, gpt3-175b, mlp, hf-gpt2), path/to/file.py:factory "
-              "or package.module:factory, where the factory returns the model and its example inputs")
+MODEL_HELP = ("a built-in example (gpt-tiny, gpt2-small, gpt2-xl, gpt3-175b, mlp, hf-gpt2, hf-llama, llama3-8b), "
+              "path/to/file.py:factory or package.module:factory, where the factory returns the model and its "
+              "example inputs, or a Hugging Face config.json (or a directory holding one), built on the meta device")
 
 PLANNING_ARGS = (
     arg("model", metavar="MODEL", help=MODEL_HELP),
@@ -76,12 +77,18 @@ def planning_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def load_example(spec: str) -> Any:
-    """The Example (name, model, example_inputs, description) for a MODEL argument."""
-    from planner.models.loading import load_model
+def load_example(spec: str, batch_size: int | None = None, seq_len: int | None = None) -> Any:
+    """The Example (name, model, example_inputs, description) for a MODEL argument (batch_size / seq_len:
+    the token ids a config file's model is planned on)."""
+    from planner.models.loading import is_config_path, load_model
 
+    for name, v in (("--batch-size", batch_size), ("--seq-len", seq_len)):
+        if v is not None and v < 1:
+            raise CliError(f"{name} must be a positive integer, got {v}")
+    if (batch_size or seq_len) and not is_config_path(spec):
+        raise CliError("--batch-size and --seq-len apply to a config.json MODEL only; a factory sets its own inputs")
     with progress(f"building {spec}"):
-        return load_model(spec)
+        return load_model(spec, batch_size=batch_size, seq_len=seq_len)
 
 
 def infeasible_error(error: Any, budget_bytes: int) -> CliError:
@@ -99,6 +106,8 @@ def infeasible_error(error: Any, budget_bytes: int) -> CliError:
     "plan", "plan a model for N GPUs under a per-GPU memory budget and write the plan file",
     args=[*PLANNING_ARGS,
           arg("--budget", required=True, metavar="SIZE", help="memory per GPU, e.g. 16GiB, 80GB, '1.5 TiB', 1e9"),
+          arg("--batch-size", type=int, metavar="B", help="for a config.json MODEL: sequences per step (default 8)"),
+          arg("--seq-len", type=int, metavar="T", help="for a config.json MODEL: tokens per sequence (default 1024)"),
           arg("--out", default="plan.json", metavar="FILE",
               help="where to write the plan (default: plan.json); '-' writes it to stdout and the summary to "
                    "stderr")],
@@ -113,7 +122,7 @@ def plan_command(args: argparse.Namespace) -> int:
     options = planning_options(args)
     if args.out != "-":
         check_output_path(args.out, "the plan")  # a device or FIFO at --out: refused before planning
-    example = load_example(args.model)
+    example = load_example(args.model, args.batch_size, args.seq_len)
     from planner.api import InfeasibleError, plan
 
     ranks = f"{args.world_size} ranks" if args.world_size else "the world size"

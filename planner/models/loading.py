@@ -23,10 +23,11 @@ import torch.nn as nn
 
 from cost_models.errors import PlannerError
 from planner.models.gpt import GPT_SIZES, GPTConfigError, build_gpt
+from planner.models.hf_causal import HF_LLAMA_DEFAULTS, LLAMA3_8B, build_hf_llama, build_llama3_8b
 from planner.models.hf_gpt2 import HF_GPT2_DEFAULTS, build_hf_gpt2
 from planner.models.mlp import MLP_DEFAULTS, build_mlp
 
-__all__ = ["Example", "EXAMPLES", "ModelLoadError", "get_example", "load_model"]
+__all__ = ["Example", "EXAMPLES", "ModelLoadError", "get_example", "load_model", "is_config_path"]
 
 ExampleInputs = tuple[Any, ...] | dict[str, Any]
 
@@ -61,10 +62,18 @@ EXAMPLES: dict[str, str] = {
                 f"{HF_GPT2_DEFAULTS['n_embd']}, vocab {HF_GPT2_DEFAULTS['vocab_size']}, eager attention, tied "
                 f"head), batch {HF_GPT2_DEFAULTS['batch_size']}, seq {HF_GPT2_DEFAULTS['seq_len']}; captured "
                 f"with torch.export"),
+    "hf-llama": (f"Hugging Face LlamaForCausalLM from a config ({HF_LLAMA_DEFAULTS['num_hidden_layers']} layers, "
+                 f"hidden {HF_LLAMA_DEFAULTS['hidden_size']}, {HF_LLAMA_DEFAULTS['num_attention_heads']} heads, "
+                 f"{HF_LLAMA_DEFAULTS['num_key_value_heads']} KV heads, vocab {HF_LLAMA_DEFAULTS['vocab_size']}, "
+                 f"SDPA attention), batch {HF_LLAMA_DEFAULTS['batch_size']}, seq {HF_LLAMA_DEFAULTS['seq_len']}"),
+    "llama3-8b": (f"LLaMA-3-8B shape as HF LlamaForCausalLM on the meta device ({LLAMA3_8B['num_hidden_layers']} "
+                  f"layers, hidden {LLAMA3_8B['hidden_size']}, {LLAMA3_8B['num_attention_heads']} heads, "
+                  f"{LLAMA3_8B['num_key_value_heads']} KV heads, FFN {LLAMA3_8B['intermediate_size']}, vocab "
+                  f"{LLAMA3_8B['vocab_size']}, bf16), batch {LLAMA3_8B['batch_size']} x {LLAMA3_8B['seq_len']}"),
 }
 
 # Built on the meta device unless asked otherwise: real weights would take GBs (gpt3-175b: 700 GB).
-_META_BY_DEFAULT = ("gpt2-small", "gpt2-xl", "gpt3-175b")
+_META_BY_DEFAULT = ("gpt2-small", "gpt2-xl", "gpt3-175b", "llama3-8b")
 
 
 def get_example(name: str, *, device: str | torch.device | None = None, **overrides: Any) -> Example:
@@ -84,6 +93,10 @@ def get_example(name: str, *, device: str | torch.device | None = None, **overri
             model, inputs = build_mlp(device=device, **overrides)
         elif name == "hf-gpt2":
             model, inputs = build_hf_gpt2(device=device, **overrides)
+        elif name == "hf-llama":
+            model, inputs = build_hf_llama(device=device, **overrides)
+        elif name == "llama3-8b":
+            model, inputs = build_llama3_8b(device=device, **overrides)
         else:
             model, inputs = build_gpt(name, device=device, **overrides)
     except (TypeError, ValueError, GPTConfigError) as e:
@@ -100,13 +113,48 @@ def _dtype(d: Any) -> torch.dtype:
     return found
 
 
-def load_model(spec: str, *, device: str | torch.device | None = None) -> Example:
-    """A built-in example name, `path/to/file.py:factory` or `package.module:factory` -> Example.
+def _default_seq_len(spec: str) -> int:
+    """1024 tokens, or the config's max_position_embeddings when that is smaller."""
+    import json
+
+    file = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
+    try:
+        with open(file) as f:
+            limit = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return 1024
+    return min(1024, limit) if isinstance(limit, int) and limit > 0 else 1024
+
+
+def is_config_path(spec: str) -> bool:
+    """True for an HF config file (`*.json`) or a directory holding a `config.json`."""
+    return spec.endswith(".json") or (os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")))
+
+
+def load_model(spec: str, *, device: str | torch.device | None = None, batch_size: int | None = None,
+               seq_len: int | None = None) -> Example:
+    """A built-in example name, `path/to/file.py:factory`, `package.module:factory`, or a Hugging Face
+    `config.json` (or a directory holding one) -> Example.
 
     device: for built-ins, where to build (see `get_example`); for factories, where to move the model and
-    inputs afterwards ("meta" drops the weights and keeps only shapes), None to keep them as returned."""
+    inputs afterwards ("meta" drops the weights and keeps only shapes), None to keep them as returned; a
+    config is built on the meta device unless given. batch_size / seq_len: the example inputs of a config
+    (default 8 x 1024)."""
     if spec in EXAMPLES:
         return get_example(spec, device=device)
+    if is_config_path(spec):
+        from planner.models.hf_causal import ConfigFileError, build_from_config_file
+
+        batch, seq = batch_size or 8, seq_len or _default_seq_len(spec)
+        try:
+            model, inputs = build_from_config_file(spec, batch_size=batch, seq_len=seq, device=device or "meta")
+        except ConfigFileError as e:
+            raise ModelLoadError(str(e)) from e
+        arch = type(model).__name__
+        path = os.path.abspath(spec)
+        name = os.path.basename(os.path.dirname(path) if os.path.basename(path) == "config.json" else path)
+        return Example(name, model, inputs,
+                       f"{arch} from {spec}, batch {batch} x {seq} tokens")
     source, sep, factory_name = spec.rpartition(":")
     if not sep or not source or not factory_name:
         raise ModelLoadError(f"unknown model {spec!r}: use a built-in example ({', '.join(EXAMPLES)}), "

@@ -33,6 +33,7 @@ from planner.trace.common import (
     where_in_stack,
 )
 from planner.trace.fx import aten_op_name
+from planner.trace.patterns import fuse_rms_norm
 
 __all__ = ["capture_export"]
 
@@ -73,6 +74,9 @@ def capture_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
         raise PathFailure("export", where(e) or "torch.export.export", first_line(e)) from e
     gm = ep.graph_module
     sig = ep.graph_signature
+    params = sig.inputs_to_parameters
+    fuse_rms_norm(gm, lambda n: tuple(n.meta["val"].shape) if n.op == "placeholder" and n.name in params
+                  and isinstance(n.meta.get("val"), torch.Tensor) else None, aten=True)
     names = canonical_names(model)
     by_name = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
 

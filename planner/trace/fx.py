@@ -35,6 +35,7 @@ from planner.trace.common import (
     where,
     where_in_stack,
 )
+from planner.trace.patterns import fuse_rms_norm
 
 __all__ = ["PlannerTracer", "capture_fx", "aten_op_name"]
 
@@ -163,7 +164,20 @@ def _trace(model: nn.Module, concrete: dict[str, Any]) -> fx.GraphModule:
         graph = tracer.trace(model, concrete_args=concrete or None)
     except Exception as e:
         raise PathFailure("fx", where(e) or "symbolic_trace", first_line(e)) from e
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    fuse_rms_norm(gm, lambda n: _param_shape(gm, n), aten=False)
+    return gm
+
+
+def _param_shape(gm: fx.GraphModule, node: fx.Node) -> tuple[int, ...] | None:
+    """The shape of the parameter a get_attr node reads, else None."""
+    if node.op != "get_attr":
+        return None
+    try:
+        p = gm.get_parameter(str(node.target))
+    except AttributeError:
+        return None
+    return tuple(p.shape)
 
 
 def capture_fx(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, on_meta: bool,

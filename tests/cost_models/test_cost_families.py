@@ -132,7 +132,8 @@ def test_aten_and_torch_names_meet_in_one_family() -> None:
 def test_flops_and_map_come_from_the_registration() -> None:
     assert flops_per_elem("layer_norm") == 8 and flops_per_elem("softmax") == 5
     assert flops_per_elem("no_such_kind") == 1
-    assert set(map_kinds()) == {"embedding", "layer_norm", "linear", "matmul", "softmax", "cross_entropy"}
+    assert set(map_kinds()) == {"embedding", "layer_norm", "rms_norm", "linear", "matmul", "attention", "softmax",
+                                "cross_entropy"}
     # the priced FLOPs of a memory-bound op are its family's count per local element
     op = OpNode("s", "softmax", "softmax", ["x"], [TensorMeta((4, 8), "float32")], [TensorMeta((4, 8), "float32")],
                 attrs={"dim": 1})
@@ -146,7 +147,7 @@ def test_flops_and_map_come_from_the_registration() -> None:
 
 def test_builders_are_keyed_by_registered_kinds() -> None:
     built = [k for k in op_kinds() if builder(k) is not None]
-    assert set(built) == {"linear", "embedding", "layer_norm", "cross_entropy", "dropout"}
+    assert set(built) == {"linear", "embedding", "layer_norm", "rms_norm", "cross_entropy", "dropout"}
 
 
 def _placements(rank: int) -> dict:

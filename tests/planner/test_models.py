@@ -13,10 +13,20 @@ from planner.models import EXAMPLES, GPT_SIZES, Example, ModelLoadError, get_exa
 
 
 def test_example_names_and_default_devices() -> None:
-    assert list(EXAMPLES) == ["mlp", "gpt-tiny", "gpt2-small", "gpt2-xl", "gpt3-175b", "hf-gpt2"]
+    assert list(EXAMPLES) == ["mlp", "gpt-tiny", "gpt2-small", "gpt2-xl", "gpt3-175b", "hf-gpt2", "hf-llama",
+                              "llama3-8b"]
     assert next(get_example("mlp").model.parameters()).device.type == "cpu"
     with pytest.raises(ModelLoadError, match="built-in examples: mlp, gpt-tiny"):
         get_example("gpt5")
+
+
+def test_llama3_8b_has_the_published_shape() -> None:
+    pytest.importorskip("transformers")
+    ex = get_example("llama3-8b")
+    params = list(ex.model.parameters())
+    assert {p.device.type for p in params} == {"meta"} and {p.dtype for p in params} == {torch.bfloat16}
+    assert sum(p.numel() for p in params) == 8_030_261_248  # Meta-Llama-3-8B
+    assert tuple(ex.example_inputs["input_ids"].shape) == (64, 2048)
 
 
 @pytest.mark.parametrize("name", list(GPT_SIZES))

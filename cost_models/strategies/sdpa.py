@@ -1,0 +1,228 @@
+"""`F.scaled_dot_product_attention` as one op: heads split over the tensor-parallel axes, batch over the
+others, no communication inside.
+
+q [*batch, Hq, L, E], k [*batch, Hk, S, E], v [*batch, Hk, S, Ev], optional mask broadcastable to
+[*batch, Hq, L, S]. A strategy splits the batch dims (heads included) of q and takes k and v split the same
+way; with grouped-query attention (Hk < Hq, `enable_gqa`) the heads' axes must divide Hk as well, and the
+contiguous blocks then match (query head h reads key head h // (Hq/Hk)). The query length L and the head
+dims stay whole (a split L would move the causal diagonal); the mask takes the batch splits on the dims
+where it is full size and is whole on the dims it broadcasts over. A q layout that cannot be used (its L or
+E split) is offered with those dims unsplit, the edge paying the conversion; replicated is always offered.
+
+Saved for backward, measured with saved_tensors_hooks (torch 2.13): the fused kernels (CUDA flash /
+memory-efficient, and CPU's flash kernel when dropout is off) keep q, k, v as given, the output, one fp32
+logsumexp per query row, and a mask converted to q's dtype; CUDA with dropout also keeps the RNG seed and
+offset. When q is stored heads-transposed ([*batch, L, Hq, E] viewed as [*batch, Hq, L, E], as after the
+usual view + transpose of a projection) the kernels write the output in that order too, so the usual
+`out.transpose(1, 2).contiguous().view(B, L, Hq * Ev)` copies nothing: the output projection's saved input
+is the attention output's storage, saved once (hint `out_view`); a q, k or v that is a piece of a fused
+projection's output (GPT-NeoX's chunk) keeps the whole output alive (hint `saved_views`). On CPU with dropout the math fallback runs in fp32 and keeps three [*batch, Hq, L, S] fp32
+tensors (scores, probabilities, dropped probabilities) and fp32 copies of q, k (at Hq heads) and v^T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from cost_models.calls import Act, Call
+from cost_models.compute import matmul_flops
+from cost_models.family import op_family
+from cost_models.layout import Axes, Layout
+from cost_models.mesh import Mesh
+from cost_models.ops import OpNode, TensorMeta
+from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes, tensor_key
+from cost_models.strategies.views import permute_layout, reshape_layout, restrict_layout
+from cost_models.strategy import Strategy
+
+__all__ = ["sdpa_rule", "sdpa_call", "sdpa_output_view", "SDPA_BWD_FLOPS_RATIO"]
+
+SDPA_BWD_FLOPS_RATIO = 2.5  # flash backward: recompute scores, then dV, dP, dQ, dK: 5 matmuls against 2
+_LSE_BYTES = 4
+_RNG_BYTES = 16  # philox seed and offset, one int64 each
+
+
+def _kv_layout(lq: Layout, q: TensorMeta, kv: TensorMeta, mesh: Mesh) -> Layout | str:
+    """k or v's layout for a q in `lq`: same batch/head splits where the sizes allow, last two dims whole."""
+    nq, nk = len(q.shape), len(kv.shape)
+    dims: list[Axes] = [()] * nk
+    for d in range(nk - 2):
+        qd = d + nq - nk
+        axes = lq.dims[qd] if qd >= 0 else ()
+        if not axes:
+            continue
+        if kv.shape[d] == 1:
+            return f"key/value dim {d} broadcasts but q splits it"
+        if kv.shape[d] % mesh.size(axes):
+            return f"key/value dim {d} ({kv.shape[d]}) not divisible by {mesh.size(axes)} (axes {''.join(axes)})"
+        dims[d] = axes
+    return Layout(tuple(dims))
+
+
+def _usable(lq: Layout) -> Layout:
+    return Layout(lq.dims[:-2] + ((), ()))
+
+
+def sdpa_call(call: Call) -> dict[str, Any] | None:
+    """F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+    scale=None, enable_gqa=False), at torch and ATen level; q, k, v must be the op's first three activation
+    inputs and the mask an activation (else the call is not this family and runs replicated)."""
+    q, k, v = call.arg(0, "query"), call.arg(1, "key"), call.arg(2, "value")
+    mask = call.arg(3, "attn_mask")
+    if not all(isinstance(t, Act) for t in (q, k, v)) or (mask is not None and not isinstance(mask, Act)):
+        return None
+    if [a.index for a in (q, k, v)] != [0, 1, 2]:
+        return None
+    scale = call.arg(6, "scale")
+    return {"is_causal": bool(call.arg(5, "is_causal", False)), "dropout_p": float(call.arg(4, "dropout_p", 0.0)),
+            "scale": None if scale is None else float(scale), "enable_gqa": bool(call.arg(7, "enable_gqa", False)),
+            "mask": None if mask is None else mask.index}
+
+
+@op_family("attention", ops=("scaled_dot_product_attention",), classify=sdpa_call, in_map=True)
+def sdpa_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
+    q, k, v = op.input_meta[:3]
+    mask_i = op.attrs.get("mask")
+    nq = len(q.shape)
+    pool: list[Layout] = []
+    for lq in input_candidates_for(op, 0, candidates, mesh) + [Layout.replicated(nq)]:
+        for cand in (lq, _usable(lq)):
+            if cand not in pool and not cand.dims[-1] and not cand.dims[-2]:
+                pool.append(cand)
+    scores = (*q.shape[:-1], k.shape[-2])  # [*batch, Hq, L, S]
+    for lq in pool:
+        if not lq.fits(q.shape, mesh):
+            continue
+        lk, lv = _kv_layout(lq, q, k, mesh), _kv_layout(lq, q, v, mesh)
+        if isinstance(lk, str) or isinstance(lv, str):
+            yield lk if isinstance(lk, str) else lv
+            continue
+        ins = [lq, lk, lv]
+        if mask_i is not None:
+            m = op.input_meta[mask_i]
+            ins.append(restrict_layout(Layout(lq.dims[:-1] + ((),)), m.shape, scores))
+        out = Layout(lq.dims)
+        if not out.fits(op.out.shape, mesh):
+            continue
+        yield Strategy("follow", tuple(ins), (out,)), _usage(op, mesh, tuple(ins), out, device)
+
+
+def _usage(op: OpNode, mesh: Mesh, ins: tuple[Layout, ...], out: Layout, device: str) -> Usage:
+    q, k, v = op.input_meta[:3]
+    lq = ins[0]
+    u = Usage(mesh, dtype=q.dtype)
+    ql, kl, vl = (lay.local_shape(m.shape, mesh) for lay, m in zip(ins, (q, k, v)))
+    rows = lq.local_numel(q.shape, mesh) // ql[-1]  # local (batch x heads x L) query rows
+    heads_batch = rows // ql[-2]
+    S = kl[-2]
+    u.fwd_flops = matmul_flops(ql[-2], ql[-1], S, heads_batch) + matmul_flops(ql[-2], S, vl[-1], heads_batch)
+    u.bwd_flops = SDPA_BWD_FLOPS_RATIO * u.fwd_flops
+    moved = sum(local_bytes(m, lay, mesh) for m, lay in zip(op.input_meta, ins)) + local_bytes(op.out, out, mesh)
+    u.fwd_bytes, u.bwd_bytes = moved, 2 * moved
+    dropout = float(op.attrs.get("dropout_p", 0.0)) > 0
+    if device == "cpu" and dropout:  # the math fallback, in fp32
+        n_scores = rows * S
+        u.save(f"{op.name}:math:{lq}", 4 * (3 * n_scores + rows * ql[-1] + heads_batch * S * (ql[-1] + vl[-1])))
+        return u
+    views = {i: (base, factor) for i, base, factor in op.attrs.get("saved_views", ()) or ()}
+    for i, (m, lay) in enumerate(zip((q, k, v), ins[:3])):
+        if i in views:  # a piece of a fused q/k/v output: the whole base stays alive
+            base, factor = views[i]
+            u.save(tensor_key(base, lay), factor * local_bytes(m, lay, mesh))
+        else:
+            u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
+    u.save(_output_key(op, out, mesh), local_bytes(op.out, out, mesh))
+    u.save(f"{op.name}:lse:{lq}", _LSE_BYTES * rows)
+    mask_i = op.attrs.get("mask")
+    if mask_i is not None:
+        m = op.input_meta[mask_i]
+        key = tensor_key(op.inputs[mask_i], ins[3]) if m.dtype == q.dtype else f"{op.name}:mask:{ins[3]}"
+        u.save(key, local_bytes(m, ins[3], mesh, itemsize=q.itemsize))
+    if dropout and device == "cuda":
+        u.save(f"{op.name}:rng", _RNG_BYTES)
+    return u
+
+
+def _output_key(op: OpNode, out: Layout, mesh: Mesh) -> str:
+    """The saved output's key: that of the heads-merged view its only reader makes, when it has one."""
+    view = op.attrs.get("out_view")
+    if view:
+        lay = permute_layout(out, view["dims"])
+        if not isinstance(lay, str):
+            lay = reshape_layout(permute_meta(op.out.shape, view["dims"]), tuple(view["shape"]), lay, mesh)
+        if not isinstance(lay, str):
+            return tensor_key(view["node"], lay)
+    return tensor_key(op.name, out)
+
+
+def permute_meta(shape: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(shape[d] for d in dims)
+
+
+def _heads_transposed(name: str, by_name: dict[str, OpNode]) -> bool:
+    """Whether tensor `name` is stored as [*batch, L, H, E] and viewed as [*batch, H, L, E]: a
+    transpose(1, 2) of a contiguous tensor, seen through views and element-wise ops (which keep their
+    first input's strides); a cat, a copy or a fresh result is stored in its own order."""
+    for _ in range(64):
+        op = by_name.get(name)
+        if op is None or not op.inputs:
+            return False
+        if op.kind == "permute":
+            nd = len(op.out.shape)
+            return tuple(op.attrs.get("dims", ())) == tuple(range(nd - 3)) + (nd - 2, nd - 3, nd - 1)
+        if op.kind not in ("elementwise", "getitem") or op.out.shape != op.input_meta[0].shape:
+            return False
+        name = op.inputs[0]
+    return False
+
+
+def _split_bases(op: OpNode, by_name: dict[str, OpNode]) -> tuple[tuple[int, str, int], ...]:
+    """(input, base, factor) for each of q, k, v that is one piece of an equal split of its last dim
+    (GPT-NeoX's fused q/k/v `chunk(3, -1)`): the kernel saves the view, which keeps the whole base
+    tensor (`factor` times the piece) alive."""
+    out = []
+    for i in range(3):
+        item = by_name.get(op.inputs[i])
+        if item is None or item.kind != "getitem" or not item.inputs:
+            continue
+        split = by_name.get(item.inputs[0])
+        if split is None or split.kind != "split" or not split.input_meta:
+            continue
+        base = split.input_meta[0]
+        if split.attrs.get("dim", 0) % len(base.shape) == len(base.shape) - 1 and base.shape[:-1] == item.out.shape[:-1]:
+            out.append((i, split.inputs[0], base.shape[-1] // item.out.shape[-1]))
+    return tuple(out)
+
+
+def sdpa_output_view(op: OpNode, consumers: dict[str, list[OpNode]], by_name: dict[str, OpNode]) -> None:
+    """Set `attrs["out_view"]` (see the module docstring) when q is stored heads-transposed (the kernel
+    then writes the output in the same order) and the output is read only as transpose(1, 2)
+    [-> contiguous] -> reshape to [*batch, L, H*E]; and `attrs["saved_views"]` (`_split_bases`)."""
+    op.attrs.pop("out_view", None)
+    views = _split_bases(op, by_name)
+    if views:
+        op.attrs["saved_views"] = views
+    else:
+        op.attrs.pop("saved_views", None)
+    if not _heads_transposed(op.inputs[0], by_name):
+        return
+    nd = len(op.out.shape)
+    node, dims = op, None
+    for _ in range(4):
+        users = consumers.get(node.name, [])
+        if len(users) != 1:
+            return
+        node = users[0]
+        if node.kind in ("reshape", "contiguous") and node.out.shape == node.input_meta[0].shape:
+            continue  # a reshape to the same shape, a copy of a contiguous tensor: views
+        if node.kind == "permute" and dims is None:
+            dims = tuple(node.attrs.get("dims", ()))
+            if dims != tuple(range(nd - 3)) + (nd - 2, nd - 3, nd - 1):
+                return
+        elif node.kind == "reshape" and dims is not None:
+            if len(node.out.shape) != nd - 1 or node.out.shape[-1] != op.out.shape[-3] * op.out.shape[-1]:
+                return
+            op.attrs["out_view"] = {"node": node.name, "dims": dims, "shape": node.out.shape}
+            return
+        else:
+            return
