@@ -10,6 +10,7 @@ value is folded into the arguments of its consumers.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -241,13 +242,16 @@ def _block_digest(block: str, ops: list[OpNode]) -> str:
 # --- error locations ---------------------------------------------------------------------------------
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _STDLIB_DIR = os.path.dirname(os.__file__)
-_CAPTURE_PREFIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture")
+# Capture's own code: this stage's folder, and cost_models (the op families' classifiers run during capture).
+_CAPTURE_DIRS = tuple(os.path.join(d, "") for d in (
+    os.path.dirname(os.path.abspath(__file__)),
+    os.path.dirname(os.path.abspath(importlib.import_module("cost_models").__file__ or ""))))
 
 
 def _is_model_code(filename: str) -> bool:
-    """Not torch, not the standard library, not capture's own files (planner/capture*.py)."""
+    """Not torch, not the standard library, not capture's own files (planner/trace/, cost_models/)."""
     path = os.path.abspath(filename)
-    return not (path.startswith((_TORCH_DIR, _STDLIB_DIR, _CAPTURE_PREFIX)) or filename.startswith("<"))
+    return not (path.startswith((_TORCH_DIR, _STDLIB_DIR) + _CAPTURE_DIRS) or filename.startswith("<"))
 
 
 def where(exc: BaseException) -> str:

@@ -279,3 +279,15 @@ def test_hf_conv1d_is_a_transposed_linear_under_fx() -> None:
     assert g.method == "fx" and lin.target.endswith("Conv1D")
     assert lin.attrs == {"in_features": 4, "out_features": 12, "has_bias": True, "weight_transposed": True}
     assert [(p.name, p.shape) for p in lin.params] == [("proj.weight", (4, 12)), ("proj.bias", (12,))]
+
+
+def test_errors_are_located_in_model_code_not_in_capture_or_the_cost_model() -> None:
+    """`where()` skips capture's own frames (planner/trace/, the classifiers in cost_models/) and names the
+    user's model code."""
+    import cost_models.strategies.norm as norm_family
+    import planner.models.gpt as gpt_model
+    import planner.trace.patterns as patterns
+    from planner.trace.common import _is_model_code
+
+    assert not _is_model_code(patterns.__file__) and not _is_model_code(norm_family.__file__)
+    assert _is_model_code(gpt_model.__file__)
