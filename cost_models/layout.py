@@ -32,6 +32,11 @@ class LayoutError(PlannerError, ValueError):
     """A layout that does not fit a tensor's shape or the mesh."""
 
 
+# (layout, global shape, mesh) -> local shape or the LayoutError it raises (see Layout.local_shape)
+_LOCAL_SHAPES: dict[tuple, tuple[int, ...] | LayoutError] = {}
+_LOCAL_SHAPES_MAX = 1 << 20
+
+
 @dataclass(frozen=True)
 class Layout:
     """Placement of one tensor on the mesh (see the module docstring)."""
@@ -88,7 +93,22 @@ class Layout:
 
     def local_shape(self, shape: Sequence[int], mesh: Mesh) -> tuple[int, ...]:
         """This rank's block shape for a tensor of global `shape`; raises LayoutError if a split
-        does not divide its dim."""
+        does not divide its dim. Memoised: costing a model asks for the same blocks many times."""
+        key = (self, tuple(shape), mesh)
+        hit = _LOCAL_SHAPES.get(key)
+        if hit is None:
+            try:
+                hit = self._local_shape(key[1], mesh)
+            except LayoutError as e:
+                hit = e
+            if len(_LOCAL_SHAPES) > _LOCAL_SHAPES_MAX:
+                _LOCAL_SHAPES.clear()
+            _LOCAL_SHAPES[key] = hit
+        if isinstance(hit, LayoutError):
+            raise LayoutError(str(hit))
+        return hit
+
+    def _local_shape(self, shape: tuple[int, ...], mesh: Mesh) -> tuple[int, ...]:
         if len(shape) != self.ndim:
             raise LayoutError(f"layout {self} has {self.ndim} dims but the tensor has shape {tuple(shape)}")
         out = []

@@ -81,12 +81,17 @@ class Mesh:
         """Number of ranks in one group over `axes` (1 for no axes)."""
         sizes = self.__dict__.get("_sizes")
         if sizes is None:
-            sizes = dict(zip(self.axis_names, self.shape))
+            sizes = {(a,): n for a, n in zip(self.axis_names, self.shape)} | {(): 1}
             object.__setattr__(self, "_sizes", sizes)
-        try:
-            return math.prod(sizes[a] for a in axes)
-        except KeyError:
-            return math.prod(self.axis_size(a) for a in axes)  # raises MeshError naming the axis
+        key = axes if isinstance(axes, tuple) else tuple(axes)
+        n = sizes.get(key)
+        if n is None:
+            try:
+                n = math.prod(sizes[(a,)] for a in key)
+            except KeyError:
+                return math.prod(self.axis_size(a) for a in key)  # raises MeshError naming the axis
+            sizes[key] = n
+        return n
 
     def stride(self, axis: str) -> int:
         return math.prod(self.shape[self.axis_index(axis) + 1 :])

@@ -344,6 +344,9 @@ def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int) -> tuple[lis
     return pnodes, same_decision
 
 
+_NO_EDGE = (0.0, 0.0, 0)
+
+
 def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerated, g: Grouped,
                 same_decision: dict[str, str]) -> list[ProblemEdge]:
     """The layout conversions between decisions: per (producer choice, consumer choice), the time, the
@@ -379,17 +382,23 @@ def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerat
             lvs = [strategies[op.name][k].inputs[arg] for k in dv.members[kv]]
             ulu, iu = _distinct(lus)
             ulv, iv = _distinct(lvs)
-            small = np.zeros((3, len(ulu), len(ulv)))
-            for a, lu in enumerate(ulu):
-                for b, lv in enumerate(ulv):
+            flow = flows[src]
+            rows = []
+            for lu in ulu:
+                row = []
+                for lv in ulv:
                     if lv is None or lu == lv:
+                        row.append(_NO_EDGE)
                         continue
-                    key = (meta.shape, meta.dtype, lu, lv, flows[src])
-                    if key not in memo:
-                        ec = edge_cost(meta, lu, lv, mesh, hw, grad=flows[src])
+                    key = (meta.shape, meta.dtype, lu, lv, flow)
+                    got = memo.get(key)
+                    if got is None:
+                        ec = edge_cost(meta, lu, lv, mesh, hw, grad=flow)
                         work = conversion_pair_working_set(ec.forward, ec.backward, meta.shape, meta.itemsize, mesh)
-                        memo[key] = (ec.seconds, ec.fwd_seconds, work)
-                    small[:, a, b] = memo[key]
+                        got = memo[key] = (ec.seconds, ec.fwd_seconds, work)
+                    row.append(got)
+                rows.append(row)
+            small = np.asarray(rows, dtype=float).transpose(2, 0, 1)  # (cost, recompute, work) x lu x lv
             cost = small[0][np.ix_(iu, iv)]
             rec = small[1][np.ix_(iu, iv)]
             work = small[2][np.ix_(iu, iv)].astype(np.int64)
