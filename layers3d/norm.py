@@ -25,7 +25,7 @@ from layers3d.mesh import DeviceMesh
 from layers3d.shard import ParamInit, check_divisible, gather_tensor, init_shard, local_block
 from layers3d.tokens import token_dims
 
-__all__ = ["ParallelLayerNorm", "build_layer_norm"]
+__all__ = ["FeatureNorm", "ParallelLayerNorm", "build_layer_norm", "planned_norm"]
 
 Axes = tuple[str, ...]
 
@@ -70,22 +70,28 @@ class _SplitLayerNorm(torch.autograd.Function):
         return dx.to(x.dtype), dw, db, None, None, None, None, None
 
 
-class ParallelLayerNorm(nn.Module):
-    """Layer norm over the last dim (size `normalized_shape`) of this rank's block.
+class FeatureNorm(nn.Module):
+    """What a norm over the last dim split over mesh axes F shares (layer norm, RMSNorm): the axes, the
+    affine parameters split like the feature dim, sharding from and gathering back to the dense module,
+    and the layout it runs in. Subclasses set `WHAT` (for messages) and `PARAMS` (the affine parameter
+    names, in order) and define `forward`.
 
-    features: axes splitting the feature dim (F); tokens: axes splitting the tokens (batch first);
-    seq: sequence-parallel axes on the last token dim. Axes in none of them hold replicas.
+    features: axes splitting the feature dim (F); tokens: axes splitting the tokens (batch first); seq:
+    sequence-parallel axes on the last token dim. Axes in none of them hold replicas.
     """
 
-    def __init__(self, normalized_shape: int, mesh: DeviceMesh, *, features: Sequence[str] = (),
-                 tokens: Sequence[str] = (), seq: Sequence[str] = (), eps: float = 1e-5,
-                 elementwise_affine: bool = True, bias: bool = True, dtype: torch.dtype = torch.float32,
+    WHAT = "norm"
+    PARAMS: tuple[str, ...] = ("weight",)
+
+    def __init__(self, normalized_shape: int | Sequence[int], mesh: DeviceMesh, *, features: Sequence[str] = (),
+                 tokens: Sequence[str] = (), seq: Sequence[str] = (), eps: float | None = 1e-5,
+                 params: Sequence[str] = (), dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", init_fn: ParamInit | None = None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
         if isinstance(normalized_shape, (tuple, list)):
             if len(normalized_shape) != 1:
-                raise ShardingError(f"ParallelLayerNorm normalises the last dim only, got {normalized_shape}")
+                raise ShardingError(f"{type(self).__name__} normalises the last dim only, got {normalized_shape}")
             normalized_shape = normalized_shape[0]
         self.mesh, self.size, self.eps = mesh, int(normalized_shape), eps
         self.features, self.tokens, self.seq = tuple(features), tuple(tokens), tuple(seq)
@@ -93,59 +99,81 @@ class ParallelLayerNorm(nn.Module):
         if len(set(used)) != len(used) or any(a not in mesh.axis_names for a in used):
             raise ShardingError(f"features {self.features}, tokens {self.tokens} and seq {self.seq} must be "
                                 f"distinct axes of mesh {mesh.mesh}")
-        check_divisible(self.size, self.features, mesh.mesh, "layer norm feature dim",
+        check_divisible(self.size, self.features, mesh.mesh, f"{self.WHAT} feature dim",
                         "choose a hidden size divisible by the split or fewer feature axes")
         local = (self.size // mesh.size(self.features),)
-        self.weight = self.bias = None
-        if elementwise_affine:
-            self.weight = nn.Parameter(init_shard("weight", local, (self.features,), mesh.mesh, mesh.rank,
-                                                  init_fn=init_fn, generator=generator, dtype=dtype, device=device,
-                                                  init_name="norm_weight"))
-            if bias:
-                self.bias = nn.Parameter(init_shard("bias", local, (self.features,), mesh.mesh, mesh.rank,
-                                                    init_fn=init_fn, generator=generator, dtype=dtype,
-                                                    device=device))
+        for name in self.PARAMS:
+            value = None
+            if name in params:
+                value = nn.Parameter(init_shard(name, local, (self.features,), mesh.mesh, mesh.rank, init_fn=init_fn,
+                                                generator=generator, dtype=dtype, device=device,
+                                                init_name="norm_weight" if name == "weight" else None))
+            setattr(self, name, value)
 
     @classmethod
-    def from_dense(cls, dense: nn.LayerNorm, mesh: DeviceMesh, *, features: Sequence[str] = (),
+    def from_dense(cls, dense: nn.Module, mesh: DeviceMesh, *, features: Sequence[str] = (),
                    tokens: Sequence[str] = (), seq: Sequence[str] = (), init_fn: ParamInit | None = None,
-                   generator: torch.Generator | None = None,
-                   device: torch.device | str | None = None) -> ParallelLayerNorm:
-        """Shard an nn.LayerNorm (a meta-device one is initialised shard by shard, see ParallelLinear)."""
-        w = dense.weight
-        meta = w is not None and w.device.type == "meta"
-        dtype = w.dtype if w is not None else torch.float32
+                   generator: torch.Generator | None = None, device: torch.device | str | None = None) -> FeatureNorm:
+        """Shard a dense norm (anything with `normalized_shape`, `eps` and the affine parameters, None when
+        absent); a meta-device one is initialised shard by shard, see ParallelLinear."""
+        dense_params = {n: getattr(dense, n, None) for n in cls.PARAMS}
+        present = {n: p for n, p in dense_params.items() if p is not None}
+        first = next(iter(present.values()), None)
+        meta = first is not None and first.device.type == "meta"
         out = cls(dense.normalized_shape, mesh, features=features, tokens=tokens, seq=seq, eps=dense.eps,
-                  elementwise_affine=w is not None, bias=dense.bias is not None, dtype=dtype,
-                  device=device or ("cpu" if meta or w is None else w.device), init_fn=init_fn, generator=generator)
-        if w is not None and not meta:
+                  params=tuple(present), dtype=first.dtype if first is not None else torch.float32,
+                  device=device or ("cpu" if meta or first is None else first.device), init_fn=init_fn,
+                  generator=generator)
+        if not meta:
             with torch.no_grad():
-                for name in ("weight", "bias"):
-                    if getattr(out, name) is not None:
-                        getattr(out, name).copy_(local_block(getattr(dense, name).detach(), (out.features,),
-                                                             mesh.mesh, mesh.rank))
+                for name, p in present.items():
+                    getattr(out, name).copy_(local_block(p.detach(), (out.features,), mesh.mesh, mesh.rank))
         return out
 
     def dense_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full gamma/beta (collective), keys as nn.LayerNorm's."""
-        return {n: gather_tensor(p, (self.features,), self.mesh) for n, p in (("weight", self.weight),
-                                                                              ("bias", self.bias)) if p is not None}
+        """The full affine parameters (collective), keyed as the dense module's."""
+        return {n: gather_tensor(getattr(self, n), (self.features,), self.mesh) for n in self.PARAMS
+                if getattr(self, n) is not None}
 
     def stored_placement(self, attr: str) -> StoredPlacement:
-        """gamma and beta are split like the feature dim."""
+        """The affine parameters are split like the feature dim."""
         return StoredPlacement((self.features,))
 
     def layout(self, shape: Sequence[int]) -> Layout:
         """Layout of the input (and output) of global shape [*tokens, H]."""
-        return Layout(token_dims(shape[:-1], self.tokens, self.seq, self.mesh.mesh, "layer norm input")
+        return Layout(token_dims(shape[:-1], self.tokens, self.seq, self.mesh.mesh, f"{self.WHAT} input")
                       + (self.features,))
+
+    def _local_features(self, x: torch.Tensor) -> int:
+        local = self.size // self.mesh.size(self.features)
+        if x.shape[-1] != local:
+            raise ShardingError(f"{self.WHAT} expects {local} local features (H={self.size} over {self.features}), "
+                                f"got input of shape {tuple(x.shape)}")
+        return local
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, features={self.features}, tokens={self.tokens}, seq={self.seq}, eps={self.eps}"
+
+
+class ParallelLayerNorm(FeatureNorm):
+    """Layer norm over the last dim (size `normalized_shape`) of this rank's block (see `FeatureNorm`)."""
+
+    WHAT = "layer norm"
+    PARAMS = ("weight", "bias")
+
+    def __init__(self, normalized_shape: int | Sequence[int], mesh: DeviceMesh, *, features: Sequence[str] = (),
+                 tokens: Sequence[str] = (), seq: Sequence[str] = (), eps: float = 1e-5,
+                 elementwise_affine: bool = True, bias: bool = True, params: Sequence[str] | None = None,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 init_fn: ParamInit | None = None, generator: torch.Generator | None = None) -> None:
+        if params is None:
+            params = (("weight",) + (("bias",) if bias else ())) if elementwise_affine else ()
+        super().__init__(normalized_shape, mesh, features=features, tokens=tokens, seq=seq, eps=eps, params=params,
+                         dtype=dtype, device=device, init_fn=init_fn, generator=generator)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (*tokens_local, H/F) -> same shape."""
-        local = self.size // self.mesh.size(self.features)
-        if x.shape[-1] != local:
-            raise ShardingError(f"layer norm expects {local} local features (H={self.size} over {self.features}), "
-                                f"got input of shape {tuple(x.shape)}")
+        local = self._local_features(x)
         tok = self.tokens + self.seq
         if not self.features or self.mesh.size(self.features) == 1:
             w = reduce_grad(self.weight, tok, self.mesh) if self.weight is not None else None
@@ -153,20 +181,24 @@ class ParallelLayerNorm(nn.Module):
             return F.layer_norm(x, (local,), w, b, self.eps)
         return _SplitLayerNorm.apply(x, self.weight, self.bias, self.size, self.eps, self.features, tok, self.mesh)
 
-    def extra_repr(self) -> str:
-        return f"{self.size}, features={self.features}, tokens={self.tokens}, seq={self.seq}, eps={self.eps}"
+
+def planned_norm(req: LayerRequest, what: str) -> tuple[SimpleNamespace, Axes, Axes]:
+    """A planned norm runs in its input's layout: (the dense norm's parameters and settings, the axes splitting
+    the features, those splitting the tokens)."""
+    lay = req.inputs[0] if req.inputs else None
+    shape = tuple(req.op.attrs.get("normalized_shape", ()))
+    if lay is None or len(shape) != 1:
+        raise LayerBuildError(f"{what} {req.op.name}: only a norm over the last dim with a planned input layout "
+                              f"is supported (normalized_shape {shape})")
+    dense = SimpleNamespace(weight=req.param("weight"), bias=req.param("bias"), normalized_shape=shape,
+                            eps=req.op.attrs.get("eps"))
+    return dense, lay.dims[-1], tuple(ax for d in lay.dims[:-1] for ax in d)
 
 
 @builds("layer_norm")
 def build_layer_norm(req: LayerRequest) -> ParallelLayerNorm:
-    """A planned layer norm runs in its input's layout: features split like the input's last dim."""
-    lay = req.inputs[0] if req.inputs else None
-    shape = tuple(req.op.attrs.get("normalized_shape", ()))
-    if lay is None or len(shape) != 1:
-        raise LayerBuildError(f"layer norm {req.op.name}: only a norm over the last dim with a planned input layout "
-                              f"is supported (normalized_shape {shape})")
-    dense = SimpleNamespace(weight=req.param("weight"), bias=req.param("bias"), normalized_shape=shape,
-                            eps=float(req.op.attrs.get("eps", 1e-5)))
-    tokens = tuple(ax for d in lay.dims[:-1] for ax in d)
-    return ParallelLayerNorm.from_dense(dense, req.mesh, features=lay.dims[-1], tokens=tokens,
-                                        generator=req.generator, device=req.device)
+    """A planned layer norm (eps 1e-5 unless captured)."""
+    dense, features, tokens = planned_norm(req, "layer norm")
+    dense.eps = 1e-5 if dense.eps is None else float(dense.eps)
+    return ParallelLayerNorm.from_dense(dense, req.mesh, features=features, tokens=tokens, generator=req.generator,
+                                        device=req.device)

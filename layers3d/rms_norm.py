@@ -11,18 +11,14 @@ fp32 rstd per token (what `cost_models.strategies.rms_norm` prices).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import SimpleNamespace
 
 import torch
-from torch import nn
 
-from cost_models.layout import Layout
-from layers3d.builders import LayerRequest, StoredPlacement, builds
+from layers3d.builders import LayerRequest, builds
 from layers3d.comm import all_reduce
-from layers3d.errors import LayerBuildError, ShardingError
 from layers3d.mesh import DeviceMesh
-from layers3d.shard import ParamInit, check_divisible, gather_tensor, init_shard, local_block
-from layers3d.tokens import token_dims
+from layers3d.norm import FeatureNorm, planned_norm
+from layers3d.shard import ParamInit
 
 __all__ = ["ParallelRMSNorm", "build_rms_norm"]
 
@@ -64,90 +60,32 @@ class _RMSNorm(torch.autograd.Function):
         return dx.to(x.dtype), dw, None, None, None, None, None
 
 
-class ParallelRMSNorm(nn.Module):
-    """RMSNorm over the last dim (size `normalized_shape`) of this rank's block.
+class ParallelRMSNorm(FeatureNorm):
+    """RMSNorm over the last dim (size `normalized_shape`) of this rank's block (see `FeatureNorm`). eps None:
+    torch's default, the input dtype's epsilon."""
 
-    features: axes splitting the feature dim (F); tokens: axes splitting the tokens (batch first); seq:
-    sequence-parallel axes on the last token dim. eps None: torch's default, the input dtype's epsilon.
-    """
+    WHAT = "rms norm"
+    PARAMS = ("weight",)
 
     def __init__(self, normalized_shape: int | Sequence[int], mesh: DeviceMesh, *, features: Sequence[str] = (),
                  tokens: Sequence[str] = (), seq: Sequence[str] = (), eps: float | None = None,
-                 elementwise_affine: bool = True, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", init_fn: ParamInit | None = None,
-                 generator: torch.Generator | None = None) -> None:
-        super().__init__()
-        if isinstance(normalized_shape, (tuple, list)):
-            if len(normalized_shape) != 1:
-                raise ShardingError(f"ParallelRMSNorm normalises the last dim only, got {normalized_shape}")
-            normalized_shape = normalized_shape[0]
-        self.mesh, self.size, self.eps = mesh, int(normalized_shape), eps
-        self.features, self.tokens, self.seq = tuple(features), tuple(tokens), tuple(seq)
-        used = self.features + self.tokens + self.seq
-        if len(set(used)) != len(used) or any(a not in mesh.axis_names for a in used):
-            raise ShardingError(f"features {self.features}, tokens {self.tokens} and seq {self.seq} must be "
-                                f"distinct axes of mesh {mesh.mesh}")
-        check_divisible(self.size, self.features, mesh.mesh, "rms norm feature dim",
-                        "choose a hidden size divisible by the split or fewer feature axes")
-        local = (self.size // mesh.size(self.features),)
-        self.weight = None
-        if elementwise_affine:
-            self.weight = nn.Parameter(init_shard("weight", local, (self.features,), mesh.mesh, mesh.rank,
-                                                  init_fn=init_fn, generator=generator, dtype=dtype, device=device,
-                                                  init_name="norm_weight"))
-
-    @classmethod
-    def from_dense(cls, dense: nn.Module, mesh: DeviceMesh, *, features: Sequence[str] = (),
-                   tokens: Sequence[str] = (), seq: Sequence[str] = (), init_fn: ParamInit | None = None,
-                   generator: torch.Generator | None = None,
-                   device: torch.device | str | None = None) -> ParallelRMSNorm:
-        """Shard an nn.RMSNorm (or anything with `weight`, `normalized_shape`, `eps`); a meta-device one is
-        initialised shard by shard."""
-        w = dense.weight
-        meta = w is not None and w.device.type == "meta"
-        out = cls(dense.normalized_shape, mesh, features=features, tokens=tokens, seq=seq, eps=dense.eps,
-                  elementwise_affine=w is not None, dtype=w.dtype if w is not None else torch.float32,
-                  device=device or ("cpu" if meta or w is None else w.device), init_fn=init_fn, generator=generator)
-        if w is not None and not meta:
-            with torch.no_grad():
-                out.weight.copy_(local_block(w.detach(), (out.features,), mesh.mesh, mesh.rank))
-        return out
-
-    def dense_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full weight (collective), keyed as nn.RMSNorm's."""
-        return {} if self.weight is None else {"weight": gather_tensor(self.weight, (self.features,), self.mesh)}
-
-    def stored_placement(self, attr: str) -> StoredPlacement:
-        """The weight is split like the feature dim."""
-        return StoredPlacement((self.features,))
-
-    def layout(self, shape: Sequence[int]) -> Layout:
-        """Layout of the input (and output) of global shape [*tokens, H]."""
-        return Layout(token_dims(shape[:-1], self.tokens, self.seq, self.mesh.mesh, "rms norm input")
-                      + (self.features,))
+                 elementwise_affine: bool = True, params: Sequence[str] | None = None,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 init_fn: ParamInit | None = None, generator: torch.Generator | None = None) -> None:
+        super().__init__(normalized_shape, mesh, features=features, tokens=tokens, seq=seq, eps=eps,
+                         params=("weight",) if params is None and elementwise_affine else (params or ()),
+                         dtype=dtype, device=device, init_fn=init_fn, generator=generator)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (*tokens_local, H/F) -> same shape and dtype (times the weight's dtype)."""
-        local = self.size // self.mesh.size(self.features)
-        if x.shape[-1] != local:
-            raise ShardingError(f"rms norm expects {local} local features (H={self.size} over {self.features}), "
-                                f"got input of shape {tuple(x.shape)}")
+        self._local_features(x)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         return _RMSNorm.apply(x, self.weight, self.size, eps, self.features, self.tokens + self.seq, self.mesh)
-
-    def extra_repr(self) -> str:
-        return f"{self.size}, features={self.features}, tokens={self.tokens}, seq={self.seq}, eps={self.eps}"
 
 
 @builds("rms_norm")
 def build_rms_norm(req: LayerRequest) -> ParallelRMSNorm:
-    """A planned RMSNorm runs in its input's layout: features split like the input's last dim."""
-    lay = req.inputs[0] if req.inputs else None
-    shape = tuple(req.op.attrs.get("normalized_shape", ()))
-    if lay is None or len(shape) != 1:
-        raise LayerBuildError(f"rms norm {req.op.name}: only a norm over the last dim with a planned input layout "
-                              f"is supported (normalized_shape {shape})")
-    dense = SimpleNamespace(weight=req.param("weight"), normalized_shape=shape, eps=req.op.attrs.get("eps"))
-    return ParallelRMSNorm.from_dense(dense, req.mesh, features=lay.dims[-1],
-                                      tokens=tuple(ax for d in lay.dims[:-1] for ax in d),
-                                      generator=req.generator, device=req.device)
+    """A planned RMSNorm (eps as captured; None: the input dtype's epsilon)."""
+    dense, features, tokens = planned_norm(req, "rms norm")
+    return ParallelRMSNorm.from_dense(dense, req.mesh, features=features, tokens=tokens, generator=req.generator,
+                                      device=req.device)
