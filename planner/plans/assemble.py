@@ -205,7 +205,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
         transient = max(cost.transient_bytes, edge_ws.get(op.name, 0)) + \
             (recomputed_upto.get(op.name, 0) + waiting.get(op.block, 0) if ck else 0)
         recompute = (cost.recompute_s + r_fwd) if ck else 0.0
-        ac = AssignmentCost(state_bytes=(cost.param_elems + moved.get(op.name, 0)) * bytes_per_param, saved_bytes=saved,
+        ac = AssignmentCost(state_bytes=cost.state_bytes + moved.get(op.name, 0) * bytes_per_param, saved_bytes=saved,
                             transient_bytes=transient, compute_s=cost.compute_s, comm_s=cost.comm_s,
                             # A checkpointed op re-runs its forward collectives and those of the conversions into
                             # it (as recompute_s counts their seconds).
