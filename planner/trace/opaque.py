@@ -10,11 +10,14 @@ runs it), so the planner needs, per op, what a rule would otherwise know:
   (its statistics mix the samples), so it keeps its batch whole and says so in `batch_note`.
 * `buffer_bytes`: the module's buffers (running statistics), model state that is not trained.
 * `saved_inputs` / `saved_bytes`: what autograd keeps for backward, estimated by running the module once
-  on meta tensors under `torch.autograd.graph.saved_tensors_hooks`: the inputs it saves as they are, and
-  the bytes of everything else it saves (parameters excluded: they are state), for the whole batch.
-  Meta tensors make the estimate the same wherever the model lives (a plan and its `apply_plan` capture
-  the same facts, so the fingerprints agree). When the run fails, every input and output is counted
-  (`saved_source` = "conservative").
+  under `torch.autograd.graph.saved_tensors_hooks`: the inputs it saves as they are, and the bytes of
+  everything else it saves (parameters excluded: they are state), for the whole batch. The run uses
+  fresh tensors of the traced shapes, never the model's own, so the estimate is the same wherever the
+  model lives (a plan and its `apply_plan` capture the same facts, so the fingerprints agree): one and
+  two samples of the batch on CPU (zeros), extrapolated linearly to the batch, when the batch dims are
+  known and the module is small (CPU kernels save what the meta decompositions do not: an nn.LSTM about twice as much), else the
+  whole batch on meta tensors. CUDA kernels (cuDNN's LSTM) may save other amounts. When the run fails,
+  every input and output is counted (`saved_source` = "conservative").
 """
 
 from __future__ import annotations
@@ -58,24 +61,55 @@ def _batch_dims(m: nn.Module, in_meta: list[TensorMeta], out_meta: list[TensorMe
     return None, None, f"{type(m).__name__}: no known batch dim, its inputs are gathered whole"
 
 
-def _estimate_saved(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[torch.Tensor]
-                    ) -> tuple[tuple[int, ...], int] | None:
-    """(indices of inputs saved as they are, bytes of everything else saved) of one forward on meta
-    tensors, parameters excluded; None when the module does not run on meta."""
-    def meta(v: Any) -> Any:
+# A module whose parameters and two-sample inputs fit in this many bytes is run on CPU to see what it saves
+# (CPU kernels save what the meta decompositions do not: an LSTM keeps about twice as much); larger ones
+# are estimated on meta tensors.
+_REAL_RUN_BYTES = 256 << 20
+
+
+def _estimate_saved(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[torch.Tensor],
+                    batch_dims: tuple[int | None, ...] | None) -> tuple[tuple[int, ...], int] | None:
+    """(indices of inputs saved as they are, bytes of everything else saved) of one forward, parameters
+    excluded; None when the module does not run. With known batch dims and a small module: runs of one
+    and of two samples on CPU (zeros), extrapolated linearly to the batch (what a module saves is a
+    fixed part plus a part per sample); otherwise the whole batch on meta tensors."""
+    dims = {id(x): (batch_dims[i] if batch_dims and i < len(batch_dims) else None) for i, x in enumerate(inputs)}
+    sizes = {x.shape[d] for x in inputs if (d := dims[id(x)]) is not None}
+    batch = max(sizes) if len(sizes) == 1 else 0
+    small = sum(p.numel() * p.element_size() for p in m.parameters()) + \
+        sum(2 * x.numel() * x.element_size() // max(batch, 1) for x in inputs) <= _REAL_RUN_BYTES
+    if batch_dims is None or not batch or not small:
+        return _saved_once(m, args, kwargs, inputs, dims, None, "meta")
+    one = _saved_once(m, args, kwargs, inputs, dims, 1, "cpu")
+    if one is None or batch == 1:
+        return one
+    two = _saved_once(m, args, kwargs, inputs, dims, 2, "cpu")
+    if two is None:
+        return None
+    return one[0], one[1] + (two[1] - one[1]) * (batch - 1)
+
+
+def _saved_once(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[torch.Tensor],
+                dims: dict[int, int | None], samples: int | None, device: str) -> tuple[tuple[int, ...], int] | None:
+    """One forward of `m` on fresh zero tensors on `device` (with `samples` along each input's batch dim
+    when given), parameters excluded: (inputs saved as they are, bytes of everything else saved)."""
+    def fresh(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
-            t = torch.empty(v.shape, dtype=v.dtype, device="meta")
+            shape, d = list(v.shape), dims.get(id(v))
+            if samples is not None and d is not None:
+                shape[d] = samples
+            t = torch.zeros(shape, dtype=v.dtype, device=device)
             return t.requires_grad_(True) if t.is_floating_point() else t
         return v
 
-    metas = {id(x): meta(x) for x in inputs}
-    m_args = pytree.tree_map(lambda v: metas.get(id(v), meta(v)) if isinstance(v, torch.Tensor) else v, args)
-    m_kwargs = pytree.tree_map(lambda v: metas.get(id(v), meta(v)) if isinstance(v, torch.Tensor) else v, kwargs)
-    params = {n: torch.empty(p.shape, dtype=p.dtype, device="meta", requires_grad=True)
+    made = {id(x): fresh(x) for x in inputs}
+    f_args = pytree.tree_map(lambda v: made.get(id(v), fresh(v)) if isinstance(v, torch.Tensor) else v, args)
+    f_kwargs = pytree.tree_map(lambda v: made.get(id(v), fresh(v)) if isinstance(v, torch.Tensor) else v, kwargs)
+    params = {n: torch.zeros(p.shape, dtype=p.dtype, device=device, requires_grad=True)
               for n, p in m.named_parameters()}
-    buffers = {n: torch.empty(b.shape, dtype=b.dtype, device="meta") for n, b in m.named_buffers()}
+    buffers = {n: torch.zeros(b.shape, dtype=b.dtype, device=device) for n, b in m.named_buffers()}
     own = {id(t) for t in list(params.values()) + list(buffers.values())}
-    order = [id(metas[id(x)]) for x in inputs]
+    order = [id(made[id(x)]) for x in inputs]
     seen: dict[int, int] = {}
     saved_inputs: set[int] = set()
 
@@ -85,14 +119,14 @@ def _estimate_saved(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             return t
         if id(t) in order:
             saved_inputs.add(order.index(id(t)))
-        elif id(base) not in seen:
+        elif id(base) not in seen:  # the tensor is kept alive by autograd: its id is not reused
             seen[id(base)] = base.numel() * base.element_size()
         return t
 
     try:
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            torch.func.functional_call(m, {**params, **buffers}, m_args, m_kwargs, strict=False)
-    except Exception:  # a module that cannot run on meta: the caller counts conservatively
+            torch.func.functional_call(m, {**params, **buffers}, f_args, f_kwargs, strict=False)
+    except Exception:  # a module that cannot run so: the caller counts conservatively
         return None
     return tuple(sorted(saved_inputs)), sum(seen.values())
 
@@ -102,7 +136,7 @@ def module_opaque_attrs(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     """The attrs of an opaque op that calls leaf module `m` (see the module docstring). `args`/`kwargs`
     are the call's arguments (tensors with their traced shapes), `inputs` its activation inputs in order."""
     ins, outs, note = _batch_dims(m, in_meta, out_meta)
-    est = _estimate_saved(m, args, kwargs, inputs)
+    est = _estimate_saved(m, args, kwargs, inputs, ins)
     attrs: dict[str, Any] = {"module": type(m).__name__, "batch_dims": ins, "out_batch_dims": outs,
                              "batch_note": note,
                              "buffer_bytes": sum(b.numel() * b.element_size() for b in m.buffers())}
