@@ -117,7 +117,8 @@ def main() -> int:
                 sharded = {a.scheme for a in p.assignments if a.params}
                 row.update(budget=p.budget_bytes, mesh=str(p.mesh), predicted_peak=p.predicted.peak_memory_bytes,
                            model_states=p.predicted.model_state_bytes, heavy_schemes=sorted(sharded),
-                           checkpoint=list(p.checkpoint), **v)
+                           checkpoint=list(p.checkpoint))
+                row.update(v)
                 if v.get("measured_peak"):
                     row["peak_err_max"] = max((m - v["predicted_peak"]) / v["predicted_peak"] for m in v["measured_peak"])
                     row["peak_over_budget"] = max(v["measured_peak"]) > p.budget_bytes
