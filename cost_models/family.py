@@ -16,7 +16,11 @@ carries
   strings (`modules`, so cost_models needs no torch) with `module_attrs(module) -> attrs` reading the
   module duck-typed;
 * the strategy rule (the decorated function), the FLOPs per element of a memory-bound family, and
-  whether the family's ops show in the scheme map (`in_map`).
+  whether the family's ops show in the scheme map (`in_map`);
+* whether its rule prices the parameters its ops hold (`prices_params`). An op holding parameters (or a
+  leaf module holding buffers) whose family does not is captured as an `opaque` op instead
+  (`cost_models/strategies/opaque.py`: run whole, every parameter and buffer counted), so nothing a model
+  holds falls out of the memory model.
 
 The runtime half of a family that needs a parallel layer is registered by kind in `layers3d` (see
 `layers3d.builders`); families that run in their input's layout need none.
@@ -32,15 +36,18 @@ from typing import Any
 from cost_models.calls import Call, plain
 
 __all__ = ["OpFamily", "FamilyError", "op_family", "families", "family", "op_kinds", "classify_call",
-           "module_family", "is_leaf_module", "classify_module", "flops_per_elem", "map_kinds", "CORE_KINDS"]
+           "module_family", "is_leaf_module", "classify_module", "flops_per_elem", "map_kinds", "prices_params",
+           "CORE_KINDS", "OPAQUE"]
 
 Attrs = dict[str, Any]
 Classifier = Callable[[Call], "Attrs | None"]
 ModuleAttrs = Callable[[Any], Attrs]
 Rule = Callable[..., Iterator[Any]]  # (op, mesh, candidates, device) -> offers and reasons (strategies.base)
 
-# Kinds the planner itself relies on: graph inputs and outputs, and the fallback for anything unknown.
-CORE_KINDS = ("input", "output", "other")
+# Kinds the planner itself relies on: graph inputs and outputs, the fallback for anything unknown, and the
+# fallback for anything unknown that holds parameters or buffers (run whole, its states counted).
+OPAQUE = "opaque"
+CORE_KINDS = ("input", "output", "other", OPAQUE)
 
 
 class FamilyError(Exception):
@@ -60,6 +67,7 @@ class OpFamily:
     module_attrs: ModuleAttrs | None = None
     flops_per_elem: int = 1
     in_map: bool = False
+    prices_params: bool = False
 
     def call_attrs(self, call: Call) -> Attrs | None:
         """The attrs of `call` if it is an op of this family, else None."""
@@ -76,7 +84,7 @@ _loaded = False
 
 def op_family(kind: str, *, ops: tuple[str, ...] = (), classify: Classifier | None = None,
               modules: tuple[str, ...] = (), module_attrs: ModuleAttrs | None = None, flops_per_elem: int = 1,
-              in_map: bool = False) -> Callable[[Rule], Rule]:
+              in_map: bool = False, prices_params: bool = False) -> Callable[[Rule], Rule]:
     """Decorator: register the op family `kind` whose strategy rule is the decorated function."""
     if not kind.isidentifier():
         raise FamilyError(f"op kind {kind!r} must be an identifier")
@@ -89,7 +97,8 @@ def op_family(kind: str, *, ops: tuple[str, ...] = (), classify: Classifier | No
         for m in modules:
             if m in _BY_MODULE:
                 raise FamilyError(f"module type {m} already belongs to op family {_BY_MODULE[m].kind!r}")
-        fam = OpFamily(kind, rule, tuple(ops), classify, tuple(modules), module_attrs, flops_per_elem, in_map)
+        fam = OpFamily(kind, rule, tuple(ops), classify, tuple(modules), module_attrs, flops_per_elem, in_map,
+                       prices_params)
         _FAMILIES[kind] = fam
         for name in fam.ops:
             _BY_OP.setdefault(name, []).append(fam)
@@ -127,6 +136,12 @@ def flops_per_elem(kind: str) -> int:
     """FLOPs per element of a memory-bound family (1 for a kind without a family)."""
     fam = family(kind)
     return fam.flops_per_elem if fam is not None else 1
+
+
+def prices_params(kind: str) -> bool:
+    """Whether the rule of `kind` prices the parameters its ops hold (see the module docstring)."""
+    fam = family(kind)
+    return fam is not None and fam.prices_params
 
 
 def map_kinds() -> tuple[str, ...]:

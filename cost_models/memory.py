@@ -1,6 +1,7 @@
 """Memory per rank: model states, saved activations, transient buffers.
 
     model states   = local parameter elements x bytes per parameter (BYTES_PER_PARAM presets)
+                     + buffer bytes (running statistics: not trained, counted at their own size)
     saved          = the tensors autograd keeps for backward, each counted once by its key
     transient      = the largest set of temporary buffers alive together while one op or one layout
                      conversion runs, forward or backward (gathered buffers, collective staging, the
@@ -100,7 +101,7 @@ def peak_bytes(costs: Iterable[OpCost], bytes_per_param: int | str) -> int:
     checkpointing): the per-rank peak the solver's memory model gives for one choice per op."""
     costs = list(costs)
     bpp = resolve_bytes_per_param(bytes_per_param)
-    states = sum(c.param_elems for c in costs) * bpp
+    states = sum(c.param_elems for c in costs) * bpp + sum(c.buffer_bytes for c in costs)
     saved = unique_saved_bytes(s for c in costs for s in c.saved)
     transient = max((c.transient_bytes for c in costs), default=0)
     return states + saved + transient

@@ -87,7 +87,8 @@ class OpCost:
     """What one strategy of one op costs one rank in one training step (forward + backward).
 
     param_elems: parameter elements this rank stores (model-state bytes = param_elems * bytes_per_param).
-    state_bytes: param_elems * bytes_per_param, as priced by `cost_models.strategies.op_cost`.
+    buffer_bytes: buffer bytes this rank stores (not trained: no gradient, no optimizer state).
+    state_bytes: param_elems * bytes_per_param + buffer_bytes, as priced by `cost_models.strategies.op_cost`.
     saved: tensors autograd keeps for backward (local sizes).
     transient_bytes: the largest temporary buffer alive while the op runs (gathered weights/inputs,
         unreduced outputs, gradient buffers).
@@ -99,6 +100,7 @@ class OpCost:
 
     param_elems: int = 0
     state_bytes: int = 0
+    buffer_bytes: int = 0
     saved: tuple[SavedTensor, ...] = ()
     transient_bytes: int = 0
     flops: float = 0.0

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,7 +50,9 @@ class StoredPlacement:
 @dataclass(frozen=True)
 class LayerRequest:
     """What a builder reads (see the module docstring). `params` maps a role ("weight", "bias") to the
-    dense tensor (on the meta device when the model is); `inputs`/`outputs` are the planned layouts."""
+    dense tensor (on the meta device when the model is); `inputs`/`outputs` are the planned layouts.
+    For an op holding several parameters of one role (an LSTM run whole), `named` and `param_layouts`
+    map each parameter's model name to its dense tensor and to its planned storage layout."""
 
     op: OpNode
     scheme: str
@@ -61,6 +63,8 @@ class LayerRequest:
     mesh: DeviceMesh
     device: torch.device
     generator: torch.Generator | None = None
+    named: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    param_layouts: Mapping[str, Layout] = field(default_factory=dict)
 
     def option(self, key: str, default: Any = None) -> Any:
         """Option `key` (lists, as JSON gives them back, as tuples)."""

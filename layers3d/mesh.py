@@ -53,6 +53,15 @@ class DeviceMesh:
                     if self.rank in members:
                         self._groups[axes] = (pg, sorted(members))
 
+    @classmethod
+    def detached(cls, mesh: Mesh, rank: int = 0) -> DeviceMesh:
+        """`mesh` as rank `rank` sees it, without process groups: layers can be built on it (on meta
+        tensors, to check that a plan can be applied, outside torch.distributed); no collective can run."""
+        self = cls.__new__(cls)
+        self.mesh, self.rank, self.coords = mesh, rank, mesh.coords(rank)
+        self._groups, self._order_cache = {}, {}
+        return self
+
     # --- sizes and positions -------------------------------------------------------------------
     @property
     def axis_names(self) -> Axes:
@@ -83,6 +92,8 @@ class DeviceMesh:
         key = self._key(axes)
         if not key:
             raise MeshSetupError("a group needs at least one mesh axis")
+        if key not in self._groups:
+            raise MeshSetupError(f"no process group over {key}: this DeviceMesh was built detached (no collectives)")
         return self._groups[key][0]
 
     def order(self, axes: Sequence[str]) -> list[int]:

@@ -96,6 +96,8 @@ def shard_generator(generator: torch.Generator | None, name: str, block: Sequenc
     ranks holding the same block (replicas) initialise it identically and different blocks differ."""
     base = generator.initial_seed() if generator is not None else torch.initial_seed()
     digest = hashlib.sha256(f"{base}:{name}:{tuple(block)}".encode()).digest()
+    if torch.device(device).type == "meta":  # a shard built on meta (to check a plan) draws nothing
+        device = "cpu"
     g = torch.Generator(device=device)
     g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
     return g

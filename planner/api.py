@@ -14,6 +14,7 @@ from cost_models.errors import PlannerError, PlannerWarning
 from cost_models.hardware import HardwareProfile, load_profile
 from cost_models.memory import BYTES_PER_PARAM, MemoryModelError
 from cost_models.mesh import Mesh, MeshError, candidate_meshes, check_world_size
+from planner.apply.applicable import check_applicable
 from planner.plans.assemble import assemble_plan
 from planner.plans.format import Plan
 from planner.plans.meshes import MeshResult, plan_mesh, plan_meshes
@@ -113,7 +114,9 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     time_limit: None (default): every solver limit is counted in work, so the plan is a function of (model,
         budget, mesh, hardware, options) and the same on a busy machine as on a quiet one. Seconds: each
         solve may also stop there; the plan's `solver` block then says so (status "feasible", message).
-    Raises InfeasibleError (with the smallest feasible budget) when nothing fits.
+    Raises InfeasibleError (with the smallest feasible budget) when nothing fits, and
+    `planner.apply.applicable.NotApplicableError` when the best plan is one `apply_plan` could not build
+    (checked on meta tensors when `model` is a module; a ModelGraph has no parameters to check with).
     """
     budget_bytes = parse_bytes(budget)
     n = resolve_world_size(world_size)
@@ -162,4 +165,6 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
             raise SolverError(f"no plan for {graph.name} on {n} ranks: " + "; ".join(errors))
         raise InfeasibleError(f"no plan for {graph.name} on {n} ranks fits {format_bytes(budget_bytes)} per rank"
                               + hint, min_budget)
+    if isinstance(model, nn.Module):  # what the plan says must be what runs: build it as apply_plan would
+        check_applicable(model, graph, best.plan)
     return best.plan

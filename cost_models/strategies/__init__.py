@@ -196,7 +196,8 @@ def _priced(canon: _Canon, strategy: Strategy, mesh: Mesh, hw: HardwareProfile, 
     # An op whose output carries no gradient (hint no_grad) records no autograd node: it saves nothing.
     saved = () if canon.attrs.get("no_grad") else tuple(usage.saved)
     return OpCost(
-        param_elems=usage.param_elems, state_bytes=usage.param_elems * bpp, saved=saved,
+        param_elems=usage.param_elems, state_bytes=usage.param_elems * bpp + usage.buffer_bytes,
+        buffer_bytes=usage.buffer_bytes, saved=saved,
         transient_bytes=usage.transient_bytes, flops=usage.fwd_flops + usage.bwd_flops,
         fwd_flops=usage.fwd_flops, compute_s=fwd_compute + bwd_compute, fwd_compute_s=fwd_compute,
         collectives=tuple(usage.collectives), comm_s=comm, fwd_comm_s=fwd_comm, notes=tuple(usage.notes),
@@ -232,7 +233,8 @@ def op_costs(op: OpNode, strategies: list[Strategy], mesh: Mesh, hw: HardwarePro
         priced = _priced(canon, strategy, mesh, hw, device, bpp)
         saved = tuple(SavedTensor(_relabel(s.key, op), s.bytes) for s in priced.saved)
         out.append(OpCost(
-            param_elems=priced.param_elems, state_bytes=priced.state_bytes, saved=saved,
+            param_elems=priced.param_elems, state_bytes=priced.state_bytes, buffer_bytes=priced.buffer_bytes,
+            saved=saved,
             transient_bytes=priced.transient_bytes, flops=priced.flops, fwd_flops=priced.fwd_flops,
             compute_s=priced.compute_s, fwd_compute_s=priced.fwd_compute_s, collectives=priced.collectives,
             comm_s=priced.comm_s, fwd_comm_s=priced.fwd_comm_s, notes=priced.notes,

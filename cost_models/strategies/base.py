@@ -39,11 +39,14 @@ class Usage:
 
     fwd_flops / bwd_flops and fwd_bytes / bwd_bytes (device-memory traffic) feed the roofline per phase;
     dtype picks the peak; collectives are the op's own (forward and backward); notes are for people.
+    buffer_bytes: buffers this rank holds (BatchNorm running statistics): model state that is neither
+    trained nor optimised, counted at its own size.
     """
 
     mesh: Mesh
     dtype: str = "float32"
     param_elems: int = 0
+    buffer_bytes: int = 0
     saved: list[SavedTensor] = field(default_factory=list)
     transient_bytes: int = 0
     fwd_flops: float = 0.0

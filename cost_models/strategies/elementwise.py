@@ -132,7 +132,8 @@ def reduction_call(call: Call) -> dict[str, Any]:
 @op_family("reduction", ops=("sum", "mean", "amax", "amin", "prod", "logsumexp"), classify=reduction_call)
 def reduction_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     """sum / mean over attrs["dims"] (all dims when absent): kept dims keep their split; reduced dims that
-    are split leave partial sums, all-reduced in forward (tag output) so the result is complete."""
+    are split leave partial sums, all-reduced in forward (tag output) so the result is complete. Other
+    reductions (amax, prod, logsumexp) need their reduced dims whole: the runtime all-reduces sums only."""
     x, out = op.input_meta[0], op.out
     nd = len(x.shape)
     dims = op.attrs.get("dims", op.attrs.get("dim"))
@@ -141,7 +142,10 @@ def reduction_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) 
     for lay in input_candidates_for(op, 0, candidates, mesh):
         out_dims = [() if d in reduced else lay.dims[d] for d in range(nd) if keepdim or d not in reduced]
         result = Layout(tuple(out_dims))
-        u = memory_bound_usage(op, mesh, lay, x, 1, passes=1)
         axes = tuple(a for d in sorted(reduced) for a in lay.dims[d])
+        if axes and op.attrs.get("fn", "sum") not in ("sum", "mean"):
+            yield f"{op.attrs.get('fn')} over dims split over {''.join(axes)}"
+            continue
+        u = memory_bound_usage(op, mesh, lay, x, 1, passes=1)
         u.collective("all_reduce", axes, local_bytes(out, result, mesh), "forward", "output")
         yield Strategy("follow", (lay,), (result,)), u

@@ -75,7 +75,8 @@ def _embedding_module(m: Any) -> dict[str, Any]:
 
 
 @op_family("embedding", ops=("embedding",), classify=embedding_call,
-           modules=("torch.nn.modules.sparse.Embedding",), module_attrs=_embedding_module, in_map=True)
+           modules=("torch.nn.modules.sparse.Embedding",), module_attrs=_embedding_module, in_map=True,
+           prices_params=True)
 def embedding_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     V, H = op.params[0].shape
     wkey = param_key(op, 0)

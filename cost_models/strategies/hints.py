@@ -13,7 +13,7 @@ Rules see one op at a time, but two choices depend on the graph around it:
 * `attrs["grad_inputs"] = (bool, ...)` on an element-wise op or a matmul: whether each input carries a
   gradient in backward (it is computed from a parameter). A broadcast input without one (an additive
   attention mask built from buffers, even in floating point), or a matmul operand without one, needs no
-  gradient all-reduce. On a linear (set only when
+  gradient all-reduce. On a linear or a conv (set only when
   False, so ordinary graphs keep their signatures): its input is a graph input or computed from inputs
   alone, so the backward computes no input gradient: no dX reduction, no re-gathered weight for it.
 * `attrs["no_grad"] = True` on an op whose output carries no gradient (no parameter, no input that
@@ -80,12 +80,12 @@ def mark_graph_hints(ops: list[OpNode]) -> None:
             op.attrs.pop("tied", None)
         if op.kind == "elementwise":
             op.attrs["grad_inputs"] = tuple(flows.get(src, False) for src in op.inputs)
-        if op.kind == "linear":
+        if op.kind in ("linear", "conv"):
             if op.inputs and not flows.get(op.inputs[0], False):
                 op.attrs["grad_inputs"] = (False,)
             else:
                 op.attrs.pop("grad_inputs", None)
-            segments = {equal_last_dim_split(c) for c in consumers[op.name]} - {0}
+            segments = {equal_last_dim_split(c) for c in consumers[op.name]} - {0} if op.kind == "linear" else set()
             if len(segments) == 1:
                 op.attrs["out_segments"] = segments.pop()
             else:

@@ -198,7 +198,7 @@ def _linear_module(m: Any) -> dict[str, Any]:
 
 @op_family("linear", ops=("linear", "addmm", "matmul", "mm", "bmm"), classify=linear_call,
            modules=("torch.nn.modules.linear.Linear", "transformers.pytorch_utils.Conv1D"),
-           module_attrs=_linear_module, in_map=True)
+           module_attrs=_linear_module, in_map=True, prices_params=True)
 def linear_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     """Offers every linear scheme the shapes allow (input candidates are not needed: a linear fixes the
     layout its input must arrive in, and the edge from the producer pays any conversion)."""

@@ -59,7 +59,7 @@ def _layer_norm_module(m: Any) -> dict[str, Any]:
 # FLOPs per element: two reductions, normalise, scale and shift.
 @op_family("layer_norm", ops=("layer_norm", "native_layer_norm"), classify=layer_norm_call,
            modules=("torch.nn.modules.normalization.LayerNorm",), module_attrs=_layer_norm_module,
-           flops_per_elem=8, in_map=True)
+           flops_per_elem=8, in_map=True, prices_params=True)
 def layer_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     x = op.input_meta[0]
     nd = len(x.shape)

@@ -52,7 +52,7 @@ def _rms_norm_module(m: Any) -> dict[str, Any]:
 # FLOPs per element: priced as layer norm (square, sum, rsqrt, scale, weight; memory-bound either way).
 @op_family("rms_norm", ops=("rms_norm",), classify=rms_norm_call,
            modules=("torch.nn.modules.normalization.RMSNorm",), module_attrs=_rms_norm_module,
-           flops_per_elem=8, in_map=True)
+           flops_per_elem=8, in_map=True, prices_params=True)
 def rms_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     x = op.input_meta[0]
     nd = len(x.shape)

@@ -35,6 +35,7 @@ from cost_models.strategies.attention import matmul_grad_axes
 from cost_models.strategies.views import broadcast_axes
 from layers3d.functional import GradReduce, OutputReduce
 from layers3d.redistribute import redistribute
+from layers3d.whole import GatheredParams, WholeModule
 from planner.apply.values import ApplyError, NodeValues, ParamRef, activation_args, map_aggregate, op_name
 from planner.plans.format import Assignment
 from planner.trace.graph import ModelGraph
@@ -181,15 +182,24 @@ class _Rewriter:
         new = self._emit("get_attr", name, (), {}, name=node.name)
         self._done(node, op, a, new, produced_global=True)
 
+    def _flat(self, op: OpNode, i: int) -> int:
+        """The flat output index a getitem op reads (capture records it: `out, (h, c) = lstm(x)`)."""
+        index = op.attrs.get("index")
+        return int(index) if op.kind == "getitem" and isinstance(index, int) else i
+
     def _op(self, node: fx.Node, op: OpNode) -> None:
         a = self._assignment(op.name)
         self.block = op.block if op.block in self.ckpt else None
+        if op.kind == "getitem" and isinstance(node.args[0], fx.Node) and node.args[0].name not in self.ops \
+                and op.inputs and op.inputs[0] in self.multi:
+            self._nested_getitem(node, op, a)
+            return
         k = 0
         acts: list[Any] = []
 
         def act(src: fx.Node, i: int | None) -> Any:
             nonlocal k
-            have = self.layouts[src.name][i or 0] if i is not None else self.layouts[src.name][0]
+            have = self.layouts[src.name][self._flat(op, i or 0)] if i is not None else self.layouts[src.name][0]
             value = self.env[src.name]
             if i is not None and op_name(node) == "getitem":
                 # A getitem reads one output of a multi-output op: pick first, then convert the pick.
@@ -209,6 +219,9 @@ class _Rewriter:
 
         args, kwargs = activation_args(node, set(self.ops), self.multi, act, other)
         made = self.make_layer(op, a)
+        if made is not None and isinstance(getattr(made[1], "layer", made[1]), GatheredParams):
+            self._whole(node, op, args, kwargs, acts, made)
+            return
         if made is not None:
             path, module = made
             path = self._module_name(path)
@@ -224,7 +237,7 @@ class _Rewriter:
         if op.kind == "getitem" and node.args and isinstance(node.args[0], fx.Node) and node.args[0].name in self.multi:
             self.env[node.name] = acts[0]
             self.layouts[node.name] = [a.inputs[0] if a.inputs and a.inputs[0] is not None
-                                       else self.layouts[node.args[0].name][int(node.args[1])]]
+                                       else self.layouts[node.args[0].name][self._flat(op, int(node.args[1]))]]
             self._check_follow(op, a)
             self.block = None
             return
@@ -249,6 +262,62 @@ class _Rewriter:
         if op.kind == "reduction":
             new = self._reduce_output(node, op, a, new)
         self._done(node, op, a, new, produced_global=not op.inputs)
+
+    def _nested_getitem(self, node: fx.Node, op: OpNode, a: Assignment) -> None:
+        """`h` of `out, (h, c) = lstm(x)`: picks from the sub-tuple (a run-time value) and converts the pick
+        from the layout of the multi-output op's flat output it is."""
+        src = op.inputs[0]
+        value = self._emit("call_function", node.target, (self.env[node.args[0].name], node.args[1]), {},
+                           name=self._module_name(f"{node.name}_pick"))
+        have = self.layouts[src][self._flat(op, 0)]
+        need = a.inputs[0] if a.inputs and a.inputs[0] is not None else have
+        self.env[node.name] = self._convert(value, have, need, op.input_meta[0].shape, f"{node.name}_in0")
+        self.layouts[node.name] = [need]
+        self._check_follow(op, a)
+        self.block = None
+
+    def _whole(self, node: fx.Node, op: OpNode, args: Any, kwargs: Any, acts: list[Any],
+               made: tuple[str, nn.Module]) -> None:
+        """An op run whole (its builder gave a `layers3d.whole.GatheredParams`): a module is called with its
+        whole parameters (`WholeModule`, its buffers kept in it); a function call reads them from the
+        store. A store whose op computes on a block of its parameters (a conv's output channels split
+        over T) names the axes its input's gradient is all-reduced over (`input_grad_axes`)."""
+        path, params = made
+        if not isinstance(params, GatheredParams):  # a TiedLayer around the store
+            raise ApplyError(f"op {op.name} ({op.target}) runs whole and shares a parameter with an earlier op; an "
+                             "op run whole cannot share parameters: untie them, or give the op a layer the planner "
+                             "knows")
+        a = self._assignment(op.name)
+        path = self._module_name(path)
+        t_axes = params.input_grad_axes
+        if t_axes and acts and isinstance(acts[0], fx.Node) and op.input_meta[0].dtype in _FLOAT:
+            reduce_path = self._module_name(f"grad_reduce_{op.name}_in0")
+            self.out.modules[reduce_path] = GradReduce(t_axes, self.mesh)
+            reduced = self._emit("call_module", reduce_path, (acts[0],), {}, name=reduce_path)
+            args = map_aggregate(args, lambda v: reduced if v is acts[0] else v)
+            kwargs = map_aggregate(kwargs, lambda v: reduced if v is acts[0] else v)
+        args, kwargs = map_aggregate(args, self._device), map_aggregate(kwargs, self._device)
+        if node.op == "call_module":
+            dense = self.g.gm.get_submodule(str(node.target))
+            layer = WholeModule(dense, params, device=self.device, prefix=f"{op.module_path or node.target}.")
+            self.out.modules[path] = layer
+            for inner, _ in layer.module.named_buffers():
+                self.out.buffer_names[f"{path}.module.{inner}"] = f"{op.module_path or node.target}.{inner}"
+            new = self._emit("call_module", path, args, kwargs, name=node.name)
+        else:  # under its own name: the path of the module the call sits in may hold other layers
+            path = self._module_name(f"{op.module_path}.{node.name}_params" if op.module_path else f"{node.name}_params")
+            self.out.modules[path] = params
+            store = self._emit("call_module", path, (), {}, name=path.replace(".", "_"))
+            index = {n: i for i, n in enumerate(params.names)}
+
+            def whole(v: Any) -> Any:
+                if not isinstance(v, ParamRef):
+                    return v
+                p = self._emit("call_function", _getitem, (store, index[v.name]), {})
+                return self._emit("call_method", "t", (p,), {}) if v.transposed else p
+            new = self._emit(node.op, node.target, map_aggregate(args, whole), map_aggregate(kwargs, whole),
+                             name=node.name)
+        self._done(node, op, a, new)
 
     def _keep_module(self, op: OpNode, target: str) -> None:
         """A traced leaf module that is not a planned layer (dropout, an activation) runs as is."""

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from cost_models.layout import Layout
 from cost_models.ops import OpNode
+from cost_models.strategies.base import param_key
 from layers3d.builders import LayerBuildError, LayerRequest, builder
 from layers3d.mesh import DeviceMesh
 from layers3d.redistribute import redistribute
@@ -79,6 +80,14 @@ class LayerContext:
                                  "re-run `planner plan` for this model") from None
         return out
 
+    def params_by_name(self, op: OpNode) -> dict[str, torch.Tensor]:
+        """Every dense parameter `op` uses, by its model name."""
+        missing = [p.name for p in op.params if p.name not in self.params]
+        if missing:
+            raise ApplyError(f"op {op.name} uses parameter {missing[0]!r}, which the model does not have; "
+                             "re-run `planner plan` for this model")
+        return {p.name: self.params[p.name] for p in op.params}
+
 
 def build_layer(op: OpNode, a: Assignment, ctx: LayerContext) -> tuple[str, nn.Module] | None:
     """The (module path, layer) for a planned op, or None when the op runs as traced."""
@@ -86,7 +95,8 @@ def build_layer(op: OpNode, a: Assignment, ctx: LayerContext) -> tuple[str, nn.M
     if fn is None:
         return None
     req = LayerRequest(op=op, scheme=a.scheme, options=a.options, inputs=tuple(a.inputs), outputs=tuple(a.outputs),
-                       params=ctx.params_by_role(op), mesh=ctx.mesh, device=ctx.device, generator=ctx.generator)
+                       params=ctx.params_by_role(op), mesh=ctx.mesh, device=ctx.device, generator=ctx.generator,
+                       named=ctx.params_by_name(op), param_layouts=_param_layouts(op, a))
     try:
         layer = fn(req)
     except LayerBuildError as e:
@@ -94,6 +104,17 @@ def build_layer(op: OpNode, a: Assignment, ctx: LayerContext) -> tuple[str, nn.M
     if layer is None:
         return None
     return layer_path(op), _place(ctx, op, layer)
+
+
+def _param_layouts(op: OpNode, a: Assignment) -> dict[str, Layout]:
+    """The plan's storage layout of each of `op`'s parameters, by model name (the plan keys them as the cost
+    model does: by role, or role + index when roles repeat)."""
+    out = {}
+    for k, p in enumerate(op.params):
+        lay = a.params.get(param_key(op, k))
+        if lay is not None:
+            out[p.name] = lay
+    return out
 
 
 def layer_path(op: OpNode) -> str:
@@ -109,13 +130,15 @@ def layer_path(op: OpNode) -> str:
 
 
 def _place(ctx: LayerContext, op: OpNode, layer: nn.Module) -> nn.Module:
-    """Record where each of `op`'s parameters lives (the layer holds it under its role's name); a
+    """Record where each of `op`'s parameters lives (the layer holds it under its role's name, or the name
+    its `param_attr(model name)` method gives); a
     parameter already placed by an earlier op (tied weights) is taken out of `layer` and fed from its
     home (see TiedLayer)."""
     ties: dict[str, ParamHome] = {}
     layouts: dict[str, Layout] = {}
+    attr_of = getattr(layer, "param_attr", None)  # a layer holding parameters under other names than roles
     for p in op.params:
-        attr = p.role
+        attr = attr_of(p.name) if attr_of is not None else p.role
         if getattr(layer, attr, None) is None:
             continue
         home = stored_placement(layer, attr, tuple(p.shape))

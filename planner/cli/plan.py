@@ -140,6 +140,11 @@ def plan_command(args: argparse.Namespace) -> int:
         shown = ", ".join(unsupported[:5]) + (f" and {len(unsupported) - 5} more" if len(unsupported) > 5 else "")
         err_console().print(f"note: {len(unsupported)} op(s) have no parallel strategy and run replicated (their "
                             f"saved activations are not counted): {shown}; `planner explain` lists them")
+    whole = [f"{a.node} ({a.target}, {a.strategy})" for a in result.assignments if a.kind == "opaque"]
+    if whole:  # counted in full, but what they save is an estimate
+        shown = ", ".join(whole[:5]) + (f" and {len(whole) - 5} more" if len(whole) > 5 else "")
+        err_console().print(f"note: {len(whole)} op(s) have no parallel layer and run whole on each rank (states "
+                            f"counted, saved activations estimated): {shown}")
     if to_stdout:
         sys.stdout.write(result.to_json())
     else:

@@ -254,4 +254,7 @@ def explain_renderables(plan: Plan, show_all: bool = False, wide: bool = False) 
     other = [f"{a.node} ({a.target})" for a in plan.assignments if a.kind == "other"]
     if other:
         out.append(Text(f"ops without a parallel strategy, run replicated: {_names(other, 20)}"))
+    whole = [f"{a.node} ({a.target})" for a in plan.assignments if a.kind == "opaque"]
+    if whole:
+        out.append(Text(f"ops run whole on each rank (replicate/fsdp; saved activations estimated): {_names(whole, 20)}"))
     return out

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
+from cost_models.layout import Layout
 from cost_models.memory import conversion_pair_working_set, step_peak
-from cost_models.ops import DTYPE_BYTES
+from cost_models.ops import DTYPE_BYTES, OpNode
 from cost_models.strategies.base import param_key
+from cost_models.strategy import Strategy
 from planner.plans.format import (
     Assignment,
     AssignmentCost,
@@ -105,6 +107,28 @@ def _state_moves(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -
     return moves
 
 
+def _output_working_set(op: OpNode, strat: Strategy, built: BuiltProblem, pick: dict[str, int],
+                        nodes: dict[str, OpNode], flows: dict[str, bool], hw: HardwareProfile) -> int:
+    """Bytes alive while the graph's outputs are converted to the caller's layout (`apply_plan`'s default
+    inputs="full": whole on every rank, e.g. a HF model's logits gathered from a vocabulary split): each
+    conversion's working set, plus the outputs converted before it, which the caller holds. The outputs
+    exist at the end of the forward, beside every saved activation; no plan step prices these conversions
+    (their collectives are the caller's, tag io), so without this the peak misses them."""
+    held = most = 0
+    for arg, src in enumerate(op.inputs):
+        meta = op.input_meta[arg]
+        have = strat.inputs[arg] if arg < len(strat.inputs) and strat.inputs[arg] is not None else \
+            _out_layout(built.strategies[src][pick[src]], nodes[src], op)
+        whole = Layout.replicated(len(meta.shape))
+        if have == whole:
+            continue
+        ec = edge_cost(meta, have, whole, built.mesh, hw, grad=flows[src])
+        most = max(most, held + conversion_pair_working_set(ec.forward, ec.backward, meta.shape, meta.itemsize,
+                                                            built.mesh))
+        held += meta.nbytes
+    return most
+
+
 def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: HardwareProfile, *, budget_bytes: int,
                   device: str, bytes_per_param: int, checkpointing: bool, schemes: list[str] | None,
                   seconds: dict[str, float] | None = None) -> Plan:
@@ -140,6 +164,8 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             into[op.name] = (s0 + secs, f0 + ec.fwd_seconds, b0 + nbytes, fb0 + fwd_bytes)
             edge_ws[op.name] = max(edge_ws.get(op.name, 0), conversion_pair_working_set(
                 ec.forward, ec.backward, meta.shape, meta.itemsize, mesh))
+        if op.kind == "output":
+            edge_ws[op.name] = max(edge_ws.get(op.name, 0), _output_working_set(op, strat, built, pick, nodes, flows, hw))
 
     tied_copy = _tied_copies(graph, built, pick)
     # Recomputed activations of a checkpointed block alive while one of its ops is differentiated: those
@@ -205,7 +231,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
         transient = max(cost.transient_bytes, edge_ws.get(op.name, 0)) + \
             (recomputed_upto.get(op.name, 0) + waiting.get(op.block, 0) if ck else 0)
         recompute = (cost.recompute_s + r_fwd) if ck else 0.0
-        ac = AssignmentCost(state_bytes=(cost.param_elems + moved.get(op.name, 0)) * bytes_per_param, saved_bytes=saved,
+        ac = AssignmentCost(state_bytes=cost.state_bytes + moved.get(op.name, 0) * bytes_per_param, saved_bytes=saved,
                             transient_bytes=transient, compute_s=cost.compute_s, comm_s=cost.comm_s,
                             # A checkpointed op re-runs its forward collectives and those of the conversions into
                             # it (as recompute_s counts their seconds).

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from cost_models.layout import Layout, LayoutError
 from cost_models.mesh import Mesh
+from cost_models.strategies.base import param_key
 from planner.plans.format import Plan
 from planner.plans.json_io import REPLAN, PlanError
 from planner.trace.graph import ModelGraph
@@ -32,7 +33,8 @@ def check_layouts(graph: ModelGraph, plan: Plan) -> None:
         _fit_all(f"{where}.inputs", a.inputs, [m.shape for m in op.input_meta], plan.mesh)
         if op.outputs and op.kind != "output":  # the graph's output op records one placeholder layout
             _fit_all(f"{where}.outputs", a.outputs, [m.shape for m in op.outputs], plan.mesh)
-        shapes = {p.name.rsplit(".", 1)[-1]: p.shape for p in op.params}  # params are keyed by attribute name
+        # params are keyed as the cost model keys them: by role ("weight", "bias"; "weight1" when two share one)
+        shapes = {param_key(op, k): p.shape for k, p in enumerate(op.params)}
         for name, layout in a.params.items():
             if name not in shapes:
                 raise PlanError(f"{where}.params: the op has no parameter {name!r} (it has "

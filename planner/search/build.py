@@ -335,7 +335,7 @@ def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int) -> tuple[lis
             choices.append(Choice(
                 time_s=sum(x.time_s for x in oc),
                 recompute_s=sum(x.recompute_s for x in oc),
-                state_bytes=sum(x.param_elems for x in oc) * bytes_per_param,
+                state_bytes=sum(x.state_bytes for x in oc),
                 saved_bytes=sum(saved.values()),
                 transient_bytes=max((x.transient_bytes for x in oc), default=0),
             ))

@@ -25,10 +25,11 @@ import torch.utils._pytree as pytree
 
 from cost_models.calls import Act, Call, Param
 from cost_models.errors import PlannerError
-from cost_models.family import classify_call
+from cost_models.family import OPAQUE, classify_call, prices_params
 from cost_models.ops import OpNode, ParamInfo, TensorMeta
 from planner.dtypes import TORCH_DTYPES, dtype_name, torch_dtype  # noqa: F401  (re-exported)
 from planner.trace.graph import BlockInfo
+from planner.trace.opaque import call_opaque_attrs
 
 __all__ = ["OpBuilder", "PathFailure", "tensor_meta", "dtype_name", "TORCH_DTYPES", "torch_dtype", "canonical_names", "find_blocks",
            "assign_blocks", "where", "where_in_stack", "first_line", "describe_node", "SymbolicShapeError"]
@@ -81,6 +82,9 @@ class OpBuilder:
         self.ops: dict[str, OpNode] = {}
         self.params: dict[str, Param] = {}
         self.values: dict[str, Any] = {}
+        self.structures: dict[str, Any] = {}  # multi-output node -> its value (the nesting of its outputs)
+        self.aliases: dict[str, tuple[str, int]] = {}  # sub-tuple getitem node -> (producer, first flat output)
+        self._alias_structure: dict[str, Any] = {}  # sub-tuple getitem node -> its nesting
 
     # --- leaves --------------------------------------------------------------------------------
     def add_param(self, node: fx.Node, name: str, t: torch.Tensor) -> None:
@@ -98,19 +102,36 @@ class OpBuilder:
     # --- calls ---------------------------------------------------------------------------------
     def add_call(self, node: fx.Node, op: str, level: str, target: str, value: Any, module_path: str,
                  module_classify: Callable[[Call], tuple[str, dict[str, Any]]] | None = None,
-                 module_params: list[Param] | None = None) -> None:
-        """Record call node `node` (canonical name `op`) whose result is `value`."""
+                 module_params: list[Param] | None = None,
+                 module_opaque: Callable[[Call], dict[str, Any]] | None = None) -> None:
+        """Record call node `node` (canonical name `op`) whose result is `value`. An op that holds
+        parameters (or a leaf module holding buffers) and whose family does not price them
+        (`cost_models.family.prices_params`) becomes an "opaque" op, with the facts `module_opaque` (a
+        leaf module holding parameters or buffers) or `call_opaque_attrs` give."""
         outs = _tensors(value)
         if not outs:
             self.add_value(node, value)
             return
         if self._param_view(node, op, value):
             return
+        if op == "getitem" and len(outs) > 1 and self._alias(node):
+            return
         call, inputs = self._resolve(node, op, level, value)
         kind, attrs = module_classify(call) if module_classify else classify_call(call)
         params = list(module_params or []) + call.params()
         infos = list({p.name: ParamInfo(p.name, p.shape, p.dtype, _role(p.name)) for p in params}.values())
         infos.sort(key=lambda p: p.role == "bias")  # weights first (addmm takes the bias first)
+        if not prices_params(kind):
+            if module_opaque is not None:
+                facts = module_opaque(call)
+                if infos or facts["buffer_bytes"]:
+                    kind, attrs = OPAQUE, facts
+            elif infos:
+                kind, attrs = OPAQUE, call_opaque_attrs(op, kind, call.in_meta, call.outputs, [p.shape for p in infos])
+        if op == "getitem" and call.producers and call.producers[0].name in self.structures:
+            attrs = self._flat_getitem(node, call, attrs)
+        if len(outs) > 1:
+            self.structures[node.name] = value
         self._append(OpNode(name=node.name, kind=kind, target=target, inputs=inputs, input_meta=call.in_meta,
                             outputs=call.outputs, params=infos, module_path=module_path, attrs=attrs))
 
@@ -126,6 +147,40 @@ class OpBuilder:
                             outputs=list(metas)))
 
     # --- helpers -------------------------------------------------------------------------------
+    def _source(self, node: fx.Node) -> tuple[str, int, Any] | None:
+        """(multi-output producer, flat index of the item's first output, the item's nesting) of a getitem
+        of a multi-output op or of a sub-tuple alias; None otherwise."""
+        src, index = node.args[0], node.args[1] if len(node.args) > 1 else None
+        if not isinstance(src, fx.Node) or not isinstance(index, int):
+            return None
+        if src.name in self.aliases:
+            producer, base = self.aliases[src.name]
+            structure = self._alias_structure[src.name]
+        elif src.name in self.structures:
+            producer, base, structure = src.name, 0, self.structures[src.name]
+        else:
+            return None
+        if not isinstance(structure, (tuple, list)) or not -len(structure) <= index < len(structure):
+            return None
+        index %= len(structure)
+        start = base + sum(len(_tensors(item)) for item in structure[:index])
+        return producer, start, structure[index]
+
+    def _alias(self, node: fx.Node) -> bool:
+        """`out, (h, c) = lstm(x)`: the getitem picking the sub-tuple (h, c) is no op of its own; the
+        getitems of it read the LSTM's flat outputs directly (one layout per output)."""
+        found = self._source(node)
+        if found is None:
+            return False
+        producer, start, item = found
+        self.aliases[node.name] = (producer, start)
+        self._alias_structure[node.name] = item
+        return True
+
+    def _flat_getitem(self, node: fx.Node, call: Call, attrs: dict[str, Any]) -> dict[str, Any]:
+        found = self._source(node)
+        return attrs if found is None else {**attrs, "index": found[1]}
+
     def _append(self, op: OpNode) -> None:
         self.nodes.append(op)
         self.ops[op.name] = op
@@ -170,6 +225,12 @@ class OpBuilder:
                     return self.params[a.name]
                 if a.name in self.values:
                     return self.values[a.name]
+                if a.name in self.aliases:
+                    producer, start = self.aliases[a.name]
+                    if op == "getitem":  # (h, c)[0]: reads the LSTM's output h
+                        return act(producer, outputs[0])
+                    k = len(_tensors(self._alias_structure[a.name]))
+                    return tuple(act(producer, m) for m in self.ops[producer].outputs[start:start + k])
                 src = self.ops[a.name]
                 if len(src.outputs) == 1:
                     return act(a.name, src.outputs[0])

@@ -35,6 +35,7 @@ from planner.trace.common import (
     where,
     where_in_stack,
 )
+from planner.trace.opaque import module_opaque_attrs
 from planner.trace.patterns import fuse_rms_norm
 
 __all__ = ["PlannerTracer", "capture_fx", "aten_op_name"]
@@ -241,8 +242,10 @@ def _build(model: nn.Module, gm: fx.GraphModule, values: dict[str, Any]) -> OpBu
             mod = gm.get_submodule(str(node.target))
             params = [Param(names.get(id(p), f"{node.target}.{n}"), tuple(p.shape), dtype_name(p.dtype))
                       for n, p in mod.named_parameters()]
+            holds = bool(params) or next(mod.buffers(), None) is not None
             b.add_call(node, type(mod).__name__, "torch", _module_target(mod), value, str(node.target),
-                       module_classify=_module_classifier(mod), module_params=params)
+                       module_classify=_module_classifier(mod), module_params=params,
+                       module_opaque=_opaque_facts(mod, node, values) if holds else None)
         elif node.op == "call_method":
             b.add_call(node, _method_name(str(node.target)), "torch", str(node.target), value, _module_path(node))
         elif node.op == "call_function":
@@ -255,6 +258,21 @@ def _build(model: nn.Module, gm: fx.GraphModule, values: dict[str, Any]) -> OpBu
         elif node.op == "output":
             b.add_output(node)
     return b
+
+
+def _opaque_facts(mod: nn.Module, node: fx.Node, values: dict[str, Any]) -> Callable[[Call], dict[str, Any]]:
+    """The opaque-op facts of a call of leaf module `mod` (`planner.trace.opaque`), from the traced values
+    of its arguments."""
+    def value(a: Any) -> Any:
+        return values.get(a.name) if isinstance(a, fx.Node) else a
+
+    def facts(call: Call) -> dict[str, Any]:
+        args = fx.node.map_aggregate(node.args, value)
+        kwargs = fx.node.map_aggregate(node.kwargs, value)
+        inputs = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+        return module_opaque_attrs(mod, tuple(args), dict(kwargs), call.in_meta, call.outputs, inputs)
+
+    return facts
 
 
 def _get_attr(b: OpBuilder, gm: fx.GraphModule, node: fx.Node, value: Any, names: dict[int, str]) -> None:

@@ -61,8 +61,22 @@ def capture(model: nn.Module, example_inputs: Any = None, *, input_shapes: Any =
         kwargs["use_cache"] = False  # HF models: no KV cache in the traced graph
     on_meta, device = _placement(model)
     name = name or type(model).__name__
-    with _gc_paused():
+    with _gc_paused(), _buffers_kept(model):
         return _capture(model, args, kwargs, name, method, on_meta, device)
+
+
+@contextlib.contextmanager
+def _buffers_kept(model: nn.Module) -> Iterator[None]:
+    """Capture runs forward once on fake tensors, but a scalar buffer updated in place (BatchNorm's
+    `num_batches_tracked += 1`) is real even then: put every real buffer back as it was."""
+    kept = [(b, b.detach().clone()) for b in model.buffers() if b.device.type != "meta"]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, old in kept:
+                if not torch.equal(b, old):
+                    b.copy_(old)
 
 
 @contextlib.contextmanager

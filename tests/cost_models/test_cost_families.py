@@ -26,6 +26,7 @@ from cost_models.family import (
     map_kinds,
     op_family,
     op_kinds,
+    prices_params,
 )
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
@@ -100,7 +101,7 @@ def test_subclass_overriding_forward_is_not_a_leaf() -> None:
     assert is_leaf_module(Plain(2, 2))
     assert not is_leaf_module(Custom(2, 2))
     assert not is_leaf_module(nn.Sequential())
-    assert classify_module(nn.Conv2d(1, 1, 1)) == ("other", {})
+    assert classify_module(nn.GRU(1, 1)) == ("other", {})  # capture makes it an opaque op (it holds parameters)
 
 
 def test_hf_conv1d_is_a_transposed_linear() -> None:
@@ -133,7 +134,7 @@ def test_flops_and_map_come_from_the_registration() -> None:
     assert flops_per_elem("layer_norm") == 8 and flops_per_elem("softmax") == 5
     assert flops_per_elem("no_such_kind") == 1
     assert set(map_kinds()) == {"embedding", "layer_norm", "rms_norm", "linear", "matmul", "attention", "softmax",
-                                "cross_entropy"}
+                                "cross_entropy", "conv"}
     # the priced FLOPs of a memory-bound op are its family's count per local element
     op = OpNode("s", "softmax", "softmax", ["x"], [TensorMeta((4, 8), "float32")], [TensorMeta((4, 8), "float32")],
                 attrs={"dim": 1})
@@ -145,9 +146,16 @@ def test_flops_and_map_come_from_the_registration() -> None:
     assert cost.fwd_flops == 5 * 16
 
 
+def test_families_that_price_their_parameters() -> None:
+    """Every other family's op holding parameters is captured as an opaque op (run whole, states counted)."""
+    assert {f.kind for f in families() if f.prices_params} == {"linear", "embedding", "layer_norm", "rms_norm", "conv",
+                                                                 "opaque"}
+    assert prices_params("opaque") and not prices_params("elementwise") and not prices_params("other")
+
+
 def test_builders_are_keyed_by_registered_kinds() -> None:
     built = [k for k in op_kinds() if builder(k) is not None]
-    assert set(built) == {"linear", "embedding", "layer_norm", "rms_norm", "cross_entropy", "dropout"}
+    assert set(built) == {"linear", "embedding", "layer_norm", "rms_norm", "cross_entropy", "dropout", "opaque", "conv"}
 
 
 def _placements(rank: int) -> dict:

@@ -238,8 +238,9 @@ def test_functional_parameters_and_views() -> None:
     assert [(n.target, [p.name for p in n.params], n.attrs["weight_transposed"]) for n in lin] == [
         ("F.linear", ["w1", "b1"], False), ("operator.matmul", ["w2"], True), ("torch.matmul", ["w3"], False)]
     assert [n.attrs["out_features"] for n in lin] == [8, 6, 6]
-    mul = next(n for n in g.nodes if n.kind == "elementwise")
-    assert mul.params[0].name == "scale" and mul.attrs["saves"] == (0,)  # x * param keeps x
+    # x * param: the element-wise rule prices no parameter, so the op runs whole ("opaque"), batch-split
+    mul = next(n for n in g.nodes if n.params and n.params[0].name == "scale")
+    assert mul.kind == "opaque" and mul.attrs["batch_dims"] == (0,) and mul.attrs["out_batch_dims"] == (0,)
     assert next(n for n in g.nodes if n.kind == "softmax").attrs == {"dim": 1, "log": True}
     red = next(n for n in g.nodes if n.kind == "reduction")
     assert red.attrs == {"fn": "sum", "dims": (0,), "keepdim": True} and red.out.shape == (1, 6)
