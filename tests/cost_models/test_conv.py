@@ -17,7 +17,7 @@ import torch.nn as nn
 import zoo
 from apply_plans import mixed_plan
 from distributed import run_ranks
-from test_zoo_fallback import _check, _dense, _rank
+from zoo_runs import _check, _dense, _rank
 
 from cost_models.hardware import load_profile
 from cost_models.layout import Layout
