@@ -11,7 +11,7 @@ from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
 from cost_models.memory import conversion_pair_working_set, step_peak
 from cost_models.ops import DTYPE_BYTES
-from cost_models.strategies.base import param_key
+from cost_models.strategies.base import param_key, tensor_key
 from planner.plans.format import (
     Assignment,
     AssignmentCost,
@@ -120,6 +120,9 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     # node -> the largest working set of a conversion into it (forward or backward): a transient the
     # solver's per-op choices do not see (it depends on the producer's choice too), priced here.
     edge_ws: dict[str, int] = {}
+    # node -> saved-tensor keys of the inputs it gets through a conversion of its own: the runtime converts
+    # once per consumer argument, so two ops saving "the same" converted tensor keep two copies.
+    own_copy: dict[str, set[str]] = {}
     flows = grad_flow(graph.nodes)
     for op in graph.nodes:
         strat = built.strategies[op.name][pick[op.name]]
@@ -128,6 +131,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             lv = strat.inputs[arg]
             if lv is None or lu == lv:
                 continue
+            own_copy.setdefault(op.name, set()).add(tensor_key(src, lv))
             meta = op.input_meta[arg]
             ec = edge_cost(meta, lu, lv, mesh, hw, grad=flows[src])
             labels = [f"fwd {st}" for st in ec.forward if st.is_collective] + \
@@ -153,7 +157,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
         cost = built.costs[op.name][pick[op.name]]
         fresh = 0
         for t in cost.saved:
-            key = _canonical_key(t.key, alias)
+            key = f"{t.key}@{op.name}" if t.key in own_copy.get(op.name, ()) else _canonical_key(t.key, alias)
             if key not in seen_keys:
                 seen_keys.add(key)
                 fresh += t.bytes
