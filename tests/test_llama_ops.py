@@ -122,6 +122,21 @@ def test_split_head_dim_or_query_length_is_refused() -> None:
     assert all(not s.inputs[0].dims[2] and not s.inputs[0].dims[3] for s in strategies)
 
 
+def test_repeat_kv_of_one_local_kv_head_is_saved_as_a_view() -> None:
+    """k, v of 2 KV heads repeated 4 times (hint repeated_kv), heads split 2 ways: each rank holds one KV
+    head, the reshape of the expand is a view of it, so k and v keep a quarter of their local size."""
+    heads = Layout(((), ("y",), (), ()))
+
+    def saved(**attrs) -> int:
+        op = _sdpa(8, 8, **attrs)
+        s = next(s for s in enumerate_strategies(op, MESH, [[heads]] * 3)[0] if s.inputs[0] == heads)
+        return sum(t.bytes for t in op_cost(op, s, MESH, HW).saved)
+
+    local = 8 * 4 * 32 * 16 * 4  # k's local bytes
+    assert saved() - saved(repeated_kv=((1, 4), (2, 4))) == 2 * (local - local // 4)
+    assert saved() == saved(repeated_kv=((1, 2), (2, 2)))  # two local KV heads: the reshape copies
+
+
 def _measured_saved(q, k, v, **kw) -> int:
     seen: dict[int, int] = {}
 
