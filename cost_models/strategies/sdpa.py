@@ -133,7 +133,8 @@ def _usage(op: OpNode, mesh: Mesh, ins: tuple[Layout, ...], out: Layout, device:
             u.save(tensor_key(base, lay), factor * local_bytes(m, lay, mesh))
         elif i in repeats and lay.local_shape(m.shape, mesh)[-3] == repeats[i]:
             # repeat_kv of one local KV head: the reshape of the expand is a view of that head's storage
-            u.save(f"{op.name}:kv{i}:{lay}", local_bytes(m, lay, mesh) // repeats[i])
+            # (when it arrives through a conversion it is a copy of its own: the plan's accounting saves it whole)
+            u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh) // repeats[i])
         else:
             u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
     u.save(_output_key(op, out, mesh), local_bytes(op.out, out, mesh))
