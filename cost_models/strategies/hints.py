@@ -23,7 +23,8 @@ Rules see one op at a time, but two choices depend on the graph around it:
 * `attrs["out_view"]` on an attention op whose output is only read through `transpose(1, 2)` and a
   reshape to [*batch, L, H*E] (the heads merged back): the fused kernels write the output in that
   order, so the view shares its storage and a linear that saves it saves the same bytes
-  (see `cost_models.strategies.sdpa`).
+  (see `cost_models.strategies.sdpa`); with it `attrs["saved_views"]` (q/k/v pieces of a fused output)
+  and `attrs["repeated_kv"]` (k/v made by repeat_kv's expand + reshape, views when a rank holds one KV head).
 * `attrs["tied"] = ("weight", ...)` on an op whose parameters of those roles belong to an earlier op (a
   head tied to the token embedding): the earlier op stores them (one copy of the parameter, its
   gradient and optimizer state per rank, in its layout), so this op's rule counts no state for them.

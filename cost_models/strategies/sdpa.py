@@ -16,7 +16,8 @@ offset. When q is stored heads-transposed ([*batch, L, Hq, E] viewed as [*batch,
 usual view + transpose of a projection) the kernels write the output in that order too, so the usual
 `out.transpose(1, 2).contiguous().view(B, L, Hq * Ev)` copies nothing: the output projection's saved input
 is the attention output's storage, saved once (hint `out_view`); a q, k or v that is a piece of a fused
-projection's output (GPT-NeoX's chunk) keeps the whole output alive (hint `saved_views`). On CPU with dropout the math fallback runs in fp32 and keeps three [*batch, Hq, L, S] fp32
+projection's output (GPT-NeoX's chunk) keeps the whole output alive (hint `saved_views`); a k or v made by
+repeat_kv (expand + reshape) from one local KV head is a view of that head (hint `repeated_kv`). On CPU with dropout the math fallback runs in fp32 and keeps three [*batch, Hq, L, S] fp32
 tensors (scores, probabilities, dropped probabilities) and fp32 copies of q, k (at Hq heads) and v^T.
 """
 
@@ -125,10 +126,15 @@ def _usage(op: OpNode, mesh: Mesh, ins: tuple[Layout, ...], out: Layout, device:
         u.save(f"{op.name}:math:{lq}", 4 * (3 * n_scores + rows * ql[-1] + heads_batch * S * (ql[-1] + vl[-1])))
         return u
     views = {i: (base, factor) for i, base, factor in op.attrs.get("saved_views", ()) or ()}
+    repeats = dict(op.attrs.get("repeated_kv", ()) or ())
     for i, (m, lay) in enumerate(zip((q, k, v), ins[:3])):
         if i in views:  # a piece of a fused q/k/v output: the whole base stays alive
             base, factor = views[i]
             u.save(tensor_key(base, lay), factor * local_bytes(m, lay, mesh))
+        elif i in repeats and lay.local_shape(m.shape, mesh)[-3] == repeats[i]:
+            # repeat_kv of one local KV head: the reshape of the expand is a view of that head's storage
+            # (when it arrives through a conversion it is a copy of its own: the plan's accounting saves it whole)
+            u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh) // repeats[i])
         else:
             u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
     u.save(_output_key(op, out, mesh), local_bytes(op.out, out, mesh))
@@ -194,11 +200,38 @@ def _split_bases(op: OpNode, by_name: dict[str, OpNode]) -> tuple[tuple[int, str
     return tuple(out)
 
 
+def _repeated_kv(op: OpNode, by_name: dict[str, OpNode]) -> tuple[tuple[int, int], ...]:
+    """(input, n_rep) for k and v made by repeat_kv: an `expand` of a size-1 dim next to the KV heads,
+    reshaped to Hkv * n_rep heads (HF's `x[:, :, None].expand(...).reshape(...)`, torchtitan's
+    unsqueeze(3).expand().reshape() followed by transpose(1, 2)). When a rank holds one KV head the
+    reshape is a view, so the kernel saves a view of that head's n_rep times smaller storage."""
+    out = []
+    for i in (1, 2):
+        node = by_name.get(op.inputs[i]) if i < len(op.inputs) else None
+        if node is not None and node.kind == "permute":
+            node = by_name.get(node.inputs[0]) if node.inputs else None
+        if node is None or node.kind != "reshape" or not node.inputs:
+            continue
+        exp = by_name.get(node.inputs[0])
+        if exp is None or exp.kind != "expand" or not exp.input_meta:
+            continue
+        src, wide = exp.input_meta[0].shape, exp.out.shape
+        grown = [d for d in range(len(wide)) if d < len(src) and src[d] == 1 and wide[d] > 1]
+        if len(grown) == 1 and len(wide) == len(node.out.shape) + 1:
+            out.append((i, int(wide[grown[0]])))
+    return tuple(out)
+
+
 def sdpa_output_view(op: OpNode, consumers: dict[str, list[OpNode]], by_name: dict[str, OpNode]) -> None:
     """Set `attrs["out_view"]` (see the module docstring) when q is stored heads-transposed (the kernel
     then writes the output in the same order) and the output is read only as transpose(1, 2)
     [-> contiguous] -> reshape to [*batch, L, H*E]; and `attrs["saved_views"]` (`_split_bases`)."""
     op.attrs.pop("out_view", None)
+    repeats = _repeated_kv(op, by_name)
+    if repeats:
+        op.attrs["repeated_kv"] = repeats
+    else:
+        op.attrs.pop("repeated_kv", None)
     views = _split_bases(op, by_name)
     if views:
         op.attrs["saved_views"] = views

@@ -12,7 +12,7 @@ from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.memory import conversion_pair_working_set, step_peak
 from cost_models.ops import DTYPE_BYTES, OpNode
-from cost_models.strategies.base import param_key
+from cost_models.strategies.base import param_key, tensor_key
 from cost_models.strategy import Strategy
 from planner.plans.format import (
     Assignment,
@@ -144,6 +144,9 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     # node -> the largest working set of a conversion into it (forward or backward): a transient the
     # solver's per-op choices do not see (it depends on the producer's choice too), priced here.
     edge_ws: dict[str, int] = {}
+    # node -> saved-tensor keys of the inputs it gets through a conversion of its own: the runtime converts
+    # once per consumer argument, so two ops saving "the same" converted tensor keep two copies.
+    own_copy: dict[str, dict[str, int]] = {}  # node -> {key: the copy's bytes (contiguous, local size)}
     flows = grad_flow(graph.nodes)
     for op in graph.nodes:
         strat = built.strategies[op.name][pick[op.name]]
@@ -153,6 +156,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             if lv is None or lu == lv:
                 continue
             meta = op.input_meta[arg]
+            own_copy.setdefault(op.name, {})[tensor_key(src, lv)] = lv.local_numel(meta.shape, mesh) * meta.itemsize
             ec = edge_cost(meta, lu, lv, mesh, hw, grad=flows[src])
             labels = [f"fwd {st}" for st in ec.forward if st.is_collective] + \
                 [f"bwd {st}" for st in ec.backward if st.is_collective]
@@ -178,11 +182,13 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     for op in graph.nodes:
         cost = built.costs[op.name][pick[op.name]]
         fresh = 0
+        copies = own_copy.get(op.name, {})
         for t in cost.saved:
-            key = _canonical_key(t.key, alias)
+            key = f"{t.key}@{op.name}" if t.key in copies else _canonical_key(t.key, alias)
             if key not in seen_keys:
                 seen_keys.add(key)
-                fresh += t.bytes
+                # a converted copy is saved whole, even where the rule prices a view (repeat_kv's k/v)
+                fresh += max(t.bytes, copies.get(t.key, 0))
         op_saved[op.name] = fresh + tied_copy.get(op.name, 0)
         if in_ckpt[op.name]:
             block_saved[op.block] = block_saved.get(op.block, 0) + fresh

@@ -122,6 +122,21 @@ def test_split_head_dim_or_query_length_is_refused() -> None:
     assert all(not s.inputs[0].dims[2] and not s.inputs[0].dims[3] for s in strategies)
 
 
+def test_repeat_kv_of_one_local_kv_head_is_saved_as_a_view() -> None:
+    """k, v of 2 KV heads repeated 4 times (hint repeated_kv), heads split 2 ways: each rank holds one KV
+    head, the reshape of the expand is a view of it, so k and v keep a quarter of their local size."""
+    heads = Layout(((), ("y",), (), ()))
+
+    def saved(**attrs) -> int:
+        op = _sdpa(8, 8, **attrs)
+        s = next(s for s in enumerate_strategies(op, MESH, [[heads]] * 3)[0] if s.inputs[0] == heads)
+        return sum(t.bytes for t in op_cost(op, s, MESH, HW).saved)
+
+    local = 8 * 4 * 32 * 16 * 4  # k's local bytes
+    assert saved() - saved(repeated_kv=((1, 4), (2, 4))) == 2 * (local - local // 4)
+    assert saved() == saved(repeated_kv=((1, 2), (2, 2)))  # two local KV heads: the reshape copies
+
+
 def _measured_saved(q, k, v, **kw) -> int:
     seen: dict[int, int] = {}
 
@@ -195,3 +210,20 @@ def test_type_as_reads_its_second_input_for_the_dtype_only() -> None:
     p = plan(TypeAs(), "1GiB", world_size=8, example_inputs=(torch.randn(8, 4, 16),))
     a = next(a for a in p.assignments if a.target.endswith("type_as"))
     assert a.kind == "contiguous" and len(a.inputs) == 2 and a.inputs[1] is None
+
+
+def test_an_input_converted_for_several_consumers_is_saved_by_each() -> None:
+    """q/k/v projections reading one norm output through a conversion each: the runtime converts once per
+    consumer, so each linear saves its own copy (was: counted once, 36 % under the measured bytes)."""
+    pytest.importorskip("transformers")
+    from apply_plans import mixed_plan
+
+    from planner.models.hf_causal import build_hf_llama
+
+    model, inputs = build_hf_llama(num_hidden_layers=1)
+    p = mixed_plan(capture(model, inputs), checkpoint=())  # attention projections 1d_col on 2x2x2
+    by_path = {a.module_path: a for a in p.assignments if a.kind == "linear"}
+    qkv = [by_path[f"model.layers.0.self_attn.{n}_proj"] for n in "qkv"]
+    converted = {r.dst for r in p.redistributions}
+    assert all(a.node in converted for a in qkv) and len({a.inputs[0] for a in qkv}) == 1
+    assert qkv[0].cost.saved_bytes > 0 and len({a.cost.saved_bytes for a in qkv}) == 1
