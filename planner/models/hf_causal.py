@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 
+from cost_models.errors import PlannerError
+
 __all__ = ["HF_LLAMA_DEFAULTS", "LLAMA3_8B", "build_hf_causal_lm", "build_hf_llama", "build_llama3_8b",
            "build_from_config_file", "ConfigFileError"]
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(PlannerError, ValueError):
     """A config file that cannot be read, names no causal-LM architecture, or whose model cannot be built."""
 
 
