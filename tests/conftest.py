@@ -1,7 +1,8 @@
 """Make the repository root importable (`planner`, `cost_models`, `layers3d`) when pytest is run as `pytest`
 rather than `python -m pytest` (the project is used from a checkout, not installed), and this folder's
 shared helpers (`distributed`, `apply_checks`, `zoo`, ...) importable from the tests in its sub-folders,
-which mirror the packages (tests/cost_models, tests/layers3d, tests/planner/<stage>)."""
+which mirror the packages (tests/test_cost_models, tests/test_layers3d, tests/test_planner/<stage>; named so
+that no folder shadows the package it tests when tests/ is on sys.path)."""
 
 import sys
 from pathlib import Path

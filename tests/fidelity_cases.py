@@ -1,7 +1,7 @@
 """Prediction fidelity cases: plans under every scheme, with and without checkpointing, and what one rank
 measures for them (communication bytes, saved activations, peak memory of a training step).
 
-Shared by tests/planner/verify/test_peak_memory.py and bench/fidelity.py. A case is (scheme, checkpointed): the uniform
+Shared by tests/test_planner/verify/test_peak_memory.py and bench/fidelity.py. A case is (scheme, checkpointed): the uniform
 plans come from `plan(schemes=[s])` (tests/apply_plans.py), "mixed" from the rule-picked mixed plan; the
 checkpointed variant keeps the same assignment and checkpoints every block (`with_checkpoint`), assembled
 by the planner's own `assemble_plan` so its prediction is the cost model's for that assignment.

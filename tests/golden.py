@@ -1,6 +1,6 @@
 """Golden plans: what the planner chooses for a few built-in models, kept as plan files in tests/data/golden.
 
-`tests/planner/plans/test_golden_plans.py` plans each case again and fails on any difference (apart from the solver's
+`tests/test_planner/plans/test_golden_plans.py` plans each case again and fails on any difference (apart from the solver's
 seconds), so a change in what the planner chooses is seen in review. When a change is meant to change the
 plans, write them again and commit the diff with the change:
 

@@ -1,5 +1,5 @@
 """One SGD step of a zoo model, dense and planned, compared (shared by tests/zoo_models/test_zoo_fallback.py and
-tests/cost_models/test_conv.py): `_dense` in the parent, `_rank` on every rank, `_check` on rank 0's results
+tests/test_cost_models/test_conv.py): `_dense` in the parent, `_rank` on every rank, `_check` on rank 0's results
 (loss, per-tensor gradients and state after the step within TOL, every key and non-float buffer equal,
 measured collectives equal to the predicted ones)."""
 

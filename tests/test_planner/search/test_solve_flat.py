@@ -40,7 +40,7 @@ def test_random_problems_match_brute_force() -> None:
             assert sol.peak_bytes == ref.min_feasible_budget
     # the instances exercise both outcomes (checkpointing rarely pays here: a checkpointed block's recompute
     # peak counts its activations beside its largest working set, and these blocks are 1-3 nodes with
-    # transients as large as activations; tests/planner/search/test_solve_evaluate.py and the two-level mixing test cover it)
+    # transients as large as activations; tests/test_planner/search/test_solve_evaluate.py and the two-level mixing test cover it)
     assert seen["optimal"] >= 15 and seen["infeasible"] >= 8, seen
 
 

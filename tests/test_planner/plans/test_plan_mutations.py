@@ -4,7 +4,7 @@ loaded equal to what the file says, or refused with PlanError; never another exc
 only names dtypes of the closed table and bounded shapes, and saves and loads back unchanged.
 
 The default run draws a bounded number of examples (derandomised, so it is the same every run); the slow
-run (`pytest -m slow tests/planner/plans/test_plan_mutations.py`) draws many more at random.
+run (`pytest -m slow tests/test_planner/plans/test_plan_mutations.py`) draws many more at random.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ For a random model (layers, hidden size, heads, sequence, batch), world size (1,
   parameters after an AdamW step.
 
 Runs: the default run draws a few fixed (derandomised) examples, about 30 s on 2 cores. The extended run
-draws many random ones: `PLANNER_HYPOTHESIS=extended python -m pytest tests/planner/search/test_properties.py` (200
+draws many random ones: `PLANNER_HYPOTHESIS=extended python -m pytest tests/test_planner/search/test_properties.py` (200
 examples for each planning test and 150 applied plans; an hour's timeout per test). One full passing run measured
 with `time` on the 2-core VM, benchmarks running beside it: 15 min 49 s (4 tests).
 """
