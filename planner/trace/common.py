@@ -127,7 +127,8 @@ class OpBuilder:
                 if infos or facts["buffer_bytes"]:
                     kind, attrs = OPAQUE, facts
             elif infos:
-                kind, attrs = OPAQUE, call_opaque_attrs(op, kind, call.in_meta, call.outputs, [p.shape for p in infos])
+                kind, attrs = OPAQUE, call_opaque_attrs(op, kind, call.in_meta, call.outputs, [p.shape for p in infos],
+                                                        attrs)
         if op == "getitem" and call.producers and call.producers[0].name in self.structures:
             attrs = self._flat_getitem(node, call, attrs)
         if len(outs) > 1:

@@ -145,11 +145,14 @@ def module_opaque_attrs(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 def call_opaque_attrs(name: str, kind: str, in_meta: list[TensorMeta], out_meta: list[TensorMeta],
-                      param_shapes: list[tuple[int, ...]]) -> dict[str, Any]:
-    """The attrs of an opaque op that is a function call reading parameters (e.g. an ATen convolution from
-    torch.export, a multiply by a norm scale), classified as `kind` before: saved bytes counted
-    conservatively; batch dims unknown, except for an element-wise op whose parameters broadcast over
-    the leading dim of every tensor (x * scale): dim 0."""
+                      param_shapes: list[tuple[int, ...]], family_attrs: dict[str, Any] | None = None
+                      ) -> dict[str, Any]:
+    """The attrs of an opaque op that is a function call reading parameters (e.g. a multiply by a norm
+    scale), classified as `kind` (with `family_attrs`) before: batch dims unknown, except for an
+    element-wise op whose parameters broadcast over the leading dim of every tensor (x * scale): dim 0.
+    Saved bytes: what the element-wise family's classifier says it saves (`saves`, `saves_output`: the
+    activation inputs and the output autograd keeps; T5LayerNorm's `weight * x` keeps x), else
+    conservatively every floating input and every output."""
     attrs: dict[str, Any] = {"module": name, "batch_dims": None, "out_batch_dims": None,
                              "batch_note": f"{name}: no known batch dim, its inputs are gathered whole",
                              "buffer_bytes": 0}
@@ -157,7 +160,12 @@ def call_opaque_attrs(name: str, kind: str, in_meta: list[TensorMeta], out_meta:
     if (kind == "elementwise" and nd >= 2 and all(len(s) < nd for s in param_shapes)
             and all(len(x.shape) == nd and x.shape[0] == out_meta[0].shape[0] for x in in_meta)):
         attrs.update(batch_dims=tuple(0 for _ in in_meta), out_batch_dims=(0,), batch_note="")
-    attrs.update(_saved_attrs(None, in_meta, out_meta))
+    fam = family_attrs or {}
+    if kind == "elementwise" and "saves" in fam:
+        attrs.update(saved_inputs=tuple(fam["saves"]), saved_source="rule",
+                     saved_bytes=sum(o.nbytes for o in out_meta) if fam.get("saves_output") else 0)
+    else:
+        attrs.update(_saved_attrs(None, in_meta, out_meta))
     return attrs
 
 

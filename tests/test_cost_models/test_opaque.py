@@ -236,3 +236,23 @@ def test_lstm_saved_bytes_match_the_cpu_kernel() -> None:
     measured = sum(b for ptr, b in seen.items() if ptr not in own)
     assert lstm.attrs["saved_source"] == "estimated" and lstm.attrs["saved_inputs"] == ()
     assert abs(lstm.attrs["saved_bytes"] - measured) <= 0.02 * measured, (lstm.attrs["saved_bytes"], measured)
+
+
+class _Scaled(nn.Module):
+    """T5LayerNorm's last step: a parameter times an activation (the element-wise rule prices no parameter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(16))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.scale * torch.tanh(x)).sum()
+
+
+def test_parameter_times_activation_saves_what_the_element_wise_rule_says() -> None:
+    """`scale * x` keeps x for the scale's gradient (the scale itself is state) and not its output."""
+    g = capture(_Scaled(), (torch.randn(8, 16),))
+    mul = next(n for n in g.nodes if n.kind == "opaque")
+    assert mul.attrs["saved_source"] == "rule" and mul.attrs["saved_inputs"] == (0,)
+    assert mul.attrs["saved_bytes"] == 0 and mul.attrs["batch_dims"] == (0,)
