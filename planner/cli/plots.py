@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
@@ -54,6 +55,12 @@ class OpCell:
     checkpointed: bool
     node: str
 
+
+
+def _is_dark(color: str) -> bool:
+    """Whether text on `color` reads better in white (relative luminance below one half)."""
+    r, g, b = to_rgb(color)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.5
 
 def _role(a: Assignment, seen: dict[tuple[str, str], int]) -> str:
     prefix = f"{a.block}." if a.block else ""
@@ -123,8 +130,8 @@ def scheme_map_figure(plans: Sequence[Plan], titles: Sequence[str] | None = None
             used.add(c.scheme)
             ax.add_patch(Rectangle((x, y), 1, 1, facecolor=SCHEME_COLORS.get(c.scheme, "white"), edgecolor="white",
                                    hatch=_HATCH if c.checkpointed else None, linewidth=1.5))
-            dark = c.scheme in ("3d", "3d_allreduce", "1d_col", "fsdp", "2d", "replicate") and not c.checkpointed
-            ax.text(x + 0.5, y + 0.5, c.scheme.replace("_", "\n", 1) if c.scheme == "3d_allreduce" else c.scheme,
+            dark = _is_dark(SCHEME_COLORS.get(c.scheme, "white")) and not c.checkpointed
+            ax.text(x + 0.5, y + 0.5, c.scheme.replace("_", "\n", 1) if c.scheme == Scheme.THREE_D_ALLREDUCE else c.scheme,
                     ha="center", va="center", fontsize=7, color="white" if dark else "black",
                     bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85)
                     if c.checkpointed else None)
