@@ -173,14 +173,13 @@ def embedding_steps(plan: EmbeddingPlan, ids_shape: tuple[int, ...], V: int, H: 
                     mesh: Mesh) -> EmbeddingSteps:
     """Every collective of `plan` (W and y of `w_item` / `y_item` bytes per element) as redistribution steps."""
     y_shape = tuple(ids_shape) + (H,)
-    item = w_item
-    w_fwd = plan_redistribution((V, H), item, plan.w_store, plan.w_eff, mesh)
+    w_fwd = plan_redistribution((V, H), w_item, plan.w_store, plan.w_eff, mesh)
     y_fwd = plan_redistribution(y_shape, y_item, plan.y_eff, plan.y_out, mesh)
     dy = backward_steps(y_fwd, y_shape, y_item, mesh)
     extra = plan.weight_extra_axes
     rest = tuple(a for a in plan.token_axes if a not in extra)
-    dw_scatter = plan_redistribution((V, H), item, Layout(plan.w_eff.dims, partial=extra), plan.w_store, mesh) \
+    dw_scatter = plan_redistribution((V, H), w_item, Layout(plan.w_eff.dims, partial=extra), plan.w_store, mesh) \
         if extra else []
-    dw_reduce = plan_redistribution((V, H), item, Layout(plan.w_store.dims, partial=rest), plan.w_store, mesh) \
+    dw_reduce = plan_redistribution((V, H), w_item, Layout(plan.w_store.dims, partial=rest), plan.w_store, mesh) \
         if rest else []
     return EmbeddingSteps(tuple(w_fwd), tuple(y_fwd), tuple(dy), tuple(dw_scatter), tuple(dw_reduce))
