@@ -4,6 +4,8 @@
     python bench/plan_time.py --quick              # fewer points
     python bench/plan_time.py --only llama3-8b     # the rows of one model
 
+Plans are made for `inputs="sharded"` (each rank its block of the batch, as training feeds it): with
+"full" a language model's logits would be gathered whole on every rank (31 GiB for LLaMA-3-8B's batch).
 Prints seconds per row, measured in this process one after another; the growth with layers should be
 near-linear because identical layers are solved once per class (two-level solve).
 """
@@ -22,7 +24,7 @@ def timed_plan(name: str, world: int, budget: str, **overrides) -> tuple[float, 
     t0 = time.perf_counter()
     graph = capture(ex.model, ex.example_inputs, name=name)
     t1 = time.perf_counter()
-    p = plan(graph, budget, world_size=world)
+    p = plan(graph, budget, world_size=world, inputs="sharded")
     t2 = time.perf_counter()
     return t1 - t0, t2 - t0, p
 

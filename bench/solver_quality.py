@@ -10,7 +10,7 @@ excluded), the plan's solver status and gap (to the solver's proven lower bound)
 the priced/auto solve's objective next to the exact flat ILP's (`solve(method="flat")`, given
 `--flat-cap` seconds; "-" when it did not finish). Models: the built-in examples and tiny HF configs
 (`bench/hf_tiny.py`: Llama, Mistral, Qwen2, GPT-NeoX, OPT, BERT; 2 layers, hidden 64, vocab 512, batch
-8 x 32). `--llama`: LLaMA-3-8B on the meta device (bf16, batch 64 x 2048) on 64 ranks at 20/40/80 GiB (default hardware and bytes per parameter),
+8 x 32). `--llama`: LLaMA-3-8B on the meta device (bf16, batch 64 x 2048) on 64 ranks at 20/40/80 GiB (default hardware and bytes per parameter, inputs="sharded"),
 capture and plan timed apart. Timings depend on the machine's load; plans and gaps do not (every solver
 limit is counted in work).
 """
@@ -110,7 +110,7 @@ def llama(budgets: list[str]) -> None:
     for b in budgets:
         model, inputs = llama3_8b_meta()
         graph, cwall, ccpu = _timed(capture, model, inputs, name="llama3-8b")
-        p, wall, cpu = _timed(plan, graph, b, world_size=64, workers=WORKERS)
+        p, wall, cpu = _timed(plan, graph, b, world_size=64, workers=WORKERS, inputs="sharded")
         gap = "-" if p.solver.gap is None else f"{p.solver.gap:.2%}"
         print(f"| {b} | {cwall:.1f} / {ccpu:.1f} | {wall:.1f} / {cpu:.1f} | {p.solver.status} | {gap} | "
               f"{p.predicted.step_time_s * 1e3:.1f} |", flush=True)

@@ -23,7 +23,7 @@ from functools import cache
 from cost_models.errors import PlannerError
 from cost_models.mesh import Mesh
 
-__all__ = ["Layout", "LayoutError", "split_tokens", "fits", "token_layout"]
+__all__ = ["Layout", "LayoutError", "caller_layout", "split_tokens", "fits", "token_layout"]
 
 Axes = tuple[str, ...]
 
@@ -219,3 +219,14 @@ def token_layout(shape: tuple[int, ...], token_axes: Axes, mesh: Mesh, feature_a
     if interleave > 1 and feature_axes and shape[-1] % (mesh.size(feature_axes) * interleave):
         return None
     return layout
+
+
+def caller_layout(shape: Sequence[int], inputs: str, mesh: Mesh) -> Layout:
+    """The layout in which the caller passes a graph input or receives a graph output: whole on every rank
+    (`inputs="full"`), or, with `inputs="sharded"`, this rank's block of the batch dim over every mesh axis
+    (a tensor whose first dim the ranks cannot share equally, or a scalar, stays whole). `apply_plan`
+    converts to and from it; the memory model prices those conversions with the same layout."""
+    nd = len(shape)
+    if inputs == "full" or nd == 0 or shape[0] % mesh.world_size:
+        return Layout.replicated(nd)
+    return Layout.shard(nd, 0, mesh.axis_names)

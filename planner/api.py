@@ -16,7 +16,7 @@ from cost_models.memory import BYTES_PER_PARAM, MemoryModelError
 from cost_models.mesh import Mesh, MeshError, candidate_meshes, check_world_size
 from planner.apply.applicable import check_applicable
 from planner.plans.assemble import assemble_plan
-from planner.plans.format import Plan
+from planner.plans.format import INPUT_MODES, Plan
 from planner.plans.meshes import MeshResult, plan_mesh, plan_meshes
 from planner.search.build import BuiltProblem, SchemeError, build_problem, expand_schemes
 from planner.search.solve import Solution, SolverError
@@ -98,7 +98,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
          hardware: str | HardwareProfile = "a100-80gb", schemes: Sequence[str] | str | None = None,
          checkpointing: bool = True, bytes_per_param: int | str = 16, solver: str = "highs",
          time_limit: float | None = None, device: str | None = None, meshes: Sequence[Mesh] | None = None,
-         name: str | None = None, progress: bool = False, workers: int | None = None) -> Plan:
+         name: str | None = None, progress: bool = False, workers: int | None = None, inputs: str = "full") -> Plan:
     """Plan `model` for `world_size` ranks under a per-rank memory `budget`.
 
     budget: bytes, or a string such as "16GiB" / "80GB".
@@ -111,6 +111,10 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     device: "cuda" or "cpu" semantics for saved activations (default: the hardware profile's).
     meshes: the mesh shapes to try (default: every shape `candidate_meshes` allows).
     workers: processes that plan mesh shapes in parallel (default: the CPU count; 1 plans in this process).
+    inputs: how the trained model will be called (`apply_plan` runs the plan so): "full" (every rank passes
+        the whole batch and gets whole outputs back, e.g. a language model's logits gathered on every rank)
+        or "sharded" (each rank passes and gets its block of the batch: a data loader per rank, as real
+        training runs). The memory model prices the conversion of the outputs to that layout.
     time_limit: None (default): every solver limit is counted in work, so the plan is a function of (model,
         budget, mesh, hardware, options) and the same on a busy machine as on a quiet one. Seconds: each
         solve may also stop there; the plan's `solver` block then says so (status "feasible", message).
@@ -119,6 +123,9 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     (checked on meta tensors when `model` is a module; a ModelGraph has no parameters to check with).
     """
     budget_bytes = parse_bytes(budget)
+    if inputs not in INPUT_MODES:
+        raise PlannerError(f"inputs={inputs!r}: use 'full' (whole batch in and whole outputs out on every rank) or "
+                        "'sharded' (each rank its block of the batch)")
     n = resolve_world_size(world_size)
     bpp = resolve_bytes_per_param(bytes_per_param)
     hw = hardware if isinstance(hardware, HardwareProfile) else load_profile(hardware)
@@ -136,7 +143,8 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
 
     def assemble(built: BuiltProblem, sol: Solution) -> Plan:
         return assemble_plan(graph, built, sol, hw, budget_bytes=budget_bytes, device=kind, bytes_per_param=bpp,
-                             checkpointing=checkpointing, schemes=sorted(allowed) if allowed else None)
+                             checkpointing=checkpointing, schemes=sorted(allowed) if allowed else None,
+                             input_mode=inputs)
 
     def build(m: Mesh) -> BuiltProblem:
         return build_problem(graph, m, hw, budget_bytes, device=kind, bytes_per_param=bpp, schemes=allowed,
@@ -163,6 +171,10 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
             if min_budget is not None else ""
         if min_budget is None and errors:
             raise SolverError(f"no plan for {graph.name} on {n} ranks: " + "; ".join(errors))
+        whole = sum(m.nbytes for op in graph.nodes if op.kind == "output" for m in op.input_meta if m.shape)
+        if inputs == "full" and min_budget is not None and whole > min_budget // 10:
+            hint += (f"; with inputs='full' every rank also holds the outputs whole ({format_bytes(whole)}): "
+                     "inputs='sharded' (CLI --inputs sharded) leaves each rank its block of the batch")
         raise InfeasibleError(f"no plan for {graph.name} on {n} ranks fits {format_bytes(budget_bytes)} per rank"
                               + hint, min_budget)
     if isinstance(model, nn.Module):  # what the plan says must be what runs: build it as apply_plan would

@@ -169,7 +169,7 @@ class _Rewriter:
         self.out.inputs.append(node.name)
         x = self._emit("placeholder", node.target, (), {}, name=node.name)
         want = self._assignment(op.name).outputs[0]
-        self.env[node.name] = self._convert(x, self.arriving(op), want, op.out.shape, node.name)
+        self.env[node.name] = self._convert(x, self.arriving(op), want, op.out.shape, node.name, tag="io")
         self.layouts[node.name] = [want]
 
     def _leaf(self, node: fx.Node, op: OpNode) -> None:

@@ -10,8 +10,8 @@ layers holding this rank's shards (sliced from the dense weights, or initialised
 model is on the meta device), layouts are converted on the edges where the plan says so, and the blocks
 the plan checkpoints run under activation checkpointing (`planner.apply.blocks`).
 
-By default every rank passes the same full inputs and gets the full outputs (a drop-in replacement);
-with `inputs="sharded"` each rank passes its block of the batch (rank r: rows r*B/N to (r+1)*B/N of the
+By default (a plan made with `plan(..., inputs="full")`) every rank passes the same full inputs and gets the
+full outputs (a drop-in replacement); with `inputs="sharded"` each rank passes its block of the batch (rank r: rows r*B/N to (r+1)*B/N of the
 global batch, as a data-parallel loader hands them out) and gets its block of each batched output.
 """
 
@@ -30,7 +30,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from cost_models.layout import Layout
+from cost_models.layout import Layout, caller_layout
 from cost_models.ops import OpNode
 from layers3d.mesh import DeviceMesh
 from planner.apply.agree import AGREE_TIMEOUT_S, agree, inputs_digest, model_digest, plan_digest
@@ -39,14 +39,12 @@ from planner.apply.graph import rewrite_graph
 from planner.apply.layers import LayerContext, ParamHome, build_layer
 from planner.apply.values import ApplyError, node_values
 from planner.plans.check import check_layouts
-from planner.plans.format import SCHEMA_VERSION, Plan
+from planner.plans.format import INPUT_MODES, SCHEMA_VERSION, Plan
 from planner.trace.common import TORCH_DTYPES, dtype_name
 from planner.trace.graph import ModelGraph
 from planner.trace.tracer import capture
 
 __all__ = ["apply_plan", "check_inputs", "ParallelModule", "PlanMismatchError", "ApplyError", "INPUT_MODES"]
-
-INPUT_MODES = ("full", "sharded")
 
 
 class PlanMismatchError(ApplyError):
@@ -221,22 +219,29 @@ def _run_device() -> torch.device:
     return torch.device("cpu")
 
 
-def apply_plan(model: nn.Module, plan: Plan, *, mesh: DeviceMesh | None = None, inputs: str = "full",
+def apply_plan(model: nn.Module, plan: Plan, *, mesh: DeviceMesh | None = None, inputs: str | None = None,
                example_inputs: Any = None, agree_timeout_s: float = AGREE_TIMEOUT_S) -> ParallelModule:
     """This rank's parallel version of `model` under `plan` (call it on every rank).
 
     mesh: a `layers3d.DeviceMesh` for plan.mesh (built from it when None: a collective).
     inputs: "full" (every rank passes the whole batch and gets whole outputs) or "sharded" (each rank
-        passes and gets its block of the batch dim).
+        passes and gets its block of the batch dim); default: the plan's `options.inputs`, the mode its
+        memory was priced for. A "sharded" plan run with "full" is refused (whole outputs on every rank
+        need memory the plan did not count); a "full" plan runs "sharded" with less.
     example_inputs: inputs to capture the model with; by default meta tensors of the shapes in the plan.
     agree_timeout_s: how long this rank waits for the others to arrive at the check below.
     Before anything else every rank checks, over the rendezvous store, that all ranks hold the same plan,
     model shapes, inputs and world size (`planner.apply.agree`): RankMismatchError names the ranks that differ.
     Raises PlanMismatchError for a plan made for another model, world size or plan format.
     """
+    if inputs is None:
+        inputs = plan.options.inputs
     if inputs not in INPUT_MODES:
         raise ApplyError(f"inputs={inputs!r}: use 'full' (whole batch on every rank) or 'sharded' (each rank its "
                          "block of the batch)")
+    if inputs == "full" and plan.options.inputs == "sharded":
+        raise ApplyError("inputs='full' on a plan priced for inputs='sharded': whole outputs on every rank need "
+                         "memory the plan did not count; call with inputs='sharded' or re-plan with inputs='full'")
     if dist.is_available() and dist.is_initialized():  # before anything that differs between ranks can run
         agree({"plan": plan_digest(plan), "model": model_digest(model), "world size": str(dist.get_world_size()),
                "inputs": inputs_digest(example_inputs) if example_inputs is not None else "the plan's",
@@ -251,25 +256,16 @@ def apply_plan(model: nn.Module, plan: Plan, *, mesh: DeviceMesh | None = None, 
     nv = node_values(graph, model)
     params = dict(model.named_parameters())
     ctx = LayerContext(mesh, params, device)
-    every = plan.mesh.axis_names
-
-    def batch_layout(meta_shape: tuple[int, ...], what: str) -> Layout:
-        nd = len(meta_shape)
-        if inputs == "full" or nd == 0:
-            return Layout.replicated(nd)
-        if meta_shape[0] % plan.world_size:
-            raise ApplyError(f"{what} has batch size {meta_shape[0]}, which {plan.world_size} ranks cannot share "
-                             "equally; use inputs='full' or a batch size divisible by the world size")
-        return Layout.shard(nd, 0, every)
 
     def arriving(op: OpNode) -> Layout:
-        return batch_layout(op.out.shape, f"input {op.name!r}")
+        shape = op.out.shape
+        if inputs == "sharded" and shape and shape[0] % plan.world_size:
+            raise ApplyError(f"input {op.name!r} has batch size {shape[0]}, which {plan.world_size} ranks cannot "
+                             "share equally; use inputs='full' or a batch size divisible by the world size")
+        return caller_layout(shape, inputs, plan.mesh)
 
     def leaving(op: OpNode, k: int) -> Layout:
-        shape = op.input_meta[k].shape
-        if inputs == "sharded" and shape and shape[0] % plan.world_size:
-            return Layout.replicated(len(shape))  # an output without a shareable batch dim stays whole
-        return batch_layout(shape, f"output {k}")
+        return caller_layout(op.input_meta[k].shape, inputs, plan.mesh)  # as the memory model prices it
 
     def tensor_of(op: OpNode, node: fx.Node) -> torch.Tensor:
         name = op.attrs.get("buffer")

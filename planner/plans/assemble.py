@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cost_models.edges import edge_cost, grad_flow
 from cost_models.hardware import HardwareProfile
-from cost_models.layout import Layout
+from cost_models.layout import caller_layout
 from cost_models.memory import conversion_pair_working_set, step_peak
 from cost_models.ops import DTYPE_BYTES, OpNode
 from cost_models.strategies.base import param_key, tensor_key
@@ -108,30 +108,33 @@ def _state_moves(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -
 
 
 def _output_working_set(op: OpNode, strat: Strategy, built: BuiltProblem, pick: dict[str, int],
-                        nodes: dict[str, OpNode], flows: dict[str, bool], hw: HardwareProfile) -> int:
-    """Bytes alive while the graph's outputs are converted to the caller's layout (`apply_plan`'s default
-    inputs="full": whole on every rank, e.g. a HF model's logits gathered from a vocabulary split): each
-    conversion's working set, plus the outputs converted before it, which the caller holds. The outputs
-    exist at the end of the forward, beside every saved activation; no plan step prices these conversions
-    (their collectives are the caller's, tag io), so without this the peak misses them."""
+                        nodes: dict[str, OpNode], flows: dict[str, bool], hw: HardwareProfile, input_mode: str) -> int:
+    """Bytes alive while the graph's outputs are converted to the caller's layout (`caller_layout`: with
+    inputs="full" whole on every rank, e.g. a HF model's logits gathered from a vocabulary split; with
+    "sharded" this rank's batch block): each conversion's working set, plus the outputs converted before it,
+    which the caller holds. The outputs exist at the end of the forward, beside every saved activation; no
+    plan step prices these conversions (their collectives are the caller's, tag io), so without this the
+    peak misses them."""
     held = most = 0
     for arg, src in enumerate(op.inputs):
         meta = op.input_meta[arg]
         have = strat.inputs[arg] if arg < len(strat.inputs) and strat.inputs[arg] is not None else \
             _out_layout(built.strategies[src][pick[src]], nodes[src], op)
-        whole = Layout.replicated(len(meta.shape))
-        if have == whole:
+        want = caller_layout(meta.shape, input_mode, built.mesh)
+        if have == want:
             continue
-        ec = edge_cost(meta, have, whole, built.mesh, hw, grad=flows[src])
+        ec = edge_cost(meta, have, want, built.mesh, hw, grad=flows[src])
         most = max(most, held + conversion_pair_working_set(ec.forward, ec.backward, meta.shape, meta.itemsize,
                                                             built.mesh))
-        held += meta.nbytes
+        held += want.local_numel(meta.shape, built.mesh) * meta.itemsize
     return most
 
 
 def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: HardwareProfile, *, budget_bytes: int,
                   device: str, bytes_per_param: int, checkpointing: bool, schemes: list[str] | None,
-                  seconds: dict[str, float] | None = None) -> Plan:
+                  seconds: dict[str, float] | None = None, input_mode: str = "full") -> Plan:
+    """The plan of `sol`; input_mode: how the caller passes inputs and gets outputs (`INPUT_MODES`), which
+    prices the conversion of the outputs to the caller's layout."""
     mesh = built.mesh
     nodes = {n.name: n for n in graph.nodes}
     pick = built.strategy_of(sol.choice)
@@ -169,7 +172,8 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             edge_ws[op.name] = max(edge_ws.get(op.name, 0), conversion_pair_working_set(
                 ec.forward, ec.backward, meta.shape, meta.itemsize, mesh))
         if op.kind == "output":
-            edge_ws[op.name] = max(edge_ws.get(op.name, 0), _output_working_set(op, strat, built, pick, nodes, flows, hw))
+            edge_ws[op.name] = max(edge_ws.get(op.name, 0), _output_working_set(op, strat, built, pick, nodes, flows, hw,
+                                                                                  input_mode))
 
     tied_copy = _tied_copies(graph, built, pick)
     # Recomputed activations of a checkpointed block alive while one of its ops is differentiated: those
@@ -275,4 +279,4 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
                 hardware=hw.to_json(), assignments=assignments, redistributions=redists,
                 checkpoint=sorted(ckpt, key=lambda b: [x.name for x in graph.blocks].index(b)),
                 predicted=predicted, solver=solver,
-                options=PlanOptions(bytes_per_param, device, checkpointing, schemes))
+                options=PlanOptions(bytes_per_param, device, checkpointing, schemes, input_mode))

@@ -44,7 +44,7 @@ from cost_models.strategy import SCHEMES, Strategy
 from planner.plans.json_io import REPLAN, JsonReader, PlanError, describe, format_json, read_mesh, to_data
 
 __all__ = [
-    "SCHEMA_VERSION", "MAX_DIMS", "MAX_DIM_SIZE", "MAX_NUMEL", "SOLVER_STATUSES", "DEVICE_KINDS", "PlanError", "InputInfo", "ModelInfo", "AssignmentCost",
+    "SCHEMA_VERSION", "INPUT_MODES", "MAX_DIMS", "MAX_DIM_SIZE", "MAX_NUMEL", "SOLVER_STATUSES", "DEVICE_KINDS", "PlanError", "InputInfo", "ModelInfo", "AssignmentCost",
     "Assignment", "Redistribution", "OpPrediction", "Predicted", "SolverInfo", "PlanOptions", "Plan",
 ]
 
@@ -55,6 +55,9 @@ MAX_DIM_SIZE = 2**40
 MAX_NUMEL = 2**50
 MAX_PLAN_BYTES = 256 * 2**20  # the most a plan file may hold
 SOLVER_STATUSES = ("optimal", "feasible", "infeasible", "error")
+# How the caller passes inputs and gets outputs back: "full" (the whole batch on every rank, outputs whole)
+# or "sharded" (each rank its block of the batch dim, in and out).
+INPUT_MODES = ("full", "sharded")
 # Scheme names a user may ask for: every strategy scheme plus "1d" (1d_col and 1d_row together).
 _OPTION_SCHEMES = SCHEMES + ("1d",)
 
@@ -199,12 +202,16 @@ class SolverInfo:
 @dataclass
 class PlanOptions:
     """The settings the plan was made with. device: the device kind the costs assume ("cuda" or "cpu");
-    schemes: the schemes the heavy ops were restricted to, None when every scheme was allowed."""
+    schemes: the schemes the heavy ops were restricted to, None when every scheme was allowed; inputs: how
+    the caller passes inputs and receives outputs (one of INPUT_MODES; `apply_plan` runs it that way), which
+    the memory model prices: "full" gathers every output whole on every rank (e.g. a language model's
+    logits), "sharded" leaves each rank its block of the batch."""
 
     bytes_per_param: int
     device: str
     checkpointing: bool
     schemes: list[str] | None
+    inputs: str = "full"  # absent in plans written before it existed, which were priced for "full"
 
 
 @dataclass
@@ -386,6 +393,8 @@ def _check_plan(plan: Plan) -> None:
             raise PlanError(f"options.schemes[{i}]: unknown scheme {s!r} (known: {', '.join(_OPTION_SCHEMES)})")
     if plan.options.device not in DEVICE_KINDS:
         raise PlanError(f"options.device: {plan.options.device!r} is not one of {', '.join(DEVICE_KINDS)}")
+    if plan.options.inputs not in INPUT_MODES:
+        raise PlanError(f"options.inputs: {plan.options.inputs!r} is not one of {', '.join(INPUT_MODES)}")
     if plan.options.bytes_per_param <= 0:
         raise PlanError("options.bytes_per_param: must be positive (16 for fp32 Adam, 18 for bf16 mixed)")
     if plan.solver.status not in SOLVER_STATUSES:

@@ -45,6 +45,19 @@ def _loss(out: Any) -> Any:
     return sum((t.float() ** 2).mean() for t in leaves)
 
 
+def _probe(model: Any, inputs: Any) -> Any:
+    """The model's output, computed without a graph and without moving the random number generators."""
+    import torch
+
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        return _call(model, inputs)
+
+
+def _returns_loss(out: Any) -> bool:
+    """Whether the model's output holds a scalar (its loss), which `_loss` then differentiates."""
+    return any(t.dim() == 0 for t in _float_leaves(out))
+
+
 def _float_leaves(out: Any) -> list[Any]:
     import torch
     import torch.utils._pytree as pytree
@@ -63,6 +76,27 @@ def _build(spec: str, seed: int) -> Any:
 
 def _call(model: Any, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+
+
+def _batch_rows(value: Any, rank: int, world: int) -> Any:
+    """This rank's block of the batch dim of a tensor (as `apply_plan(inputs="sharded")` takes and gives
+    it), the tensor itself when its first dim cannot be shared equally (a scalar loss stays whole)."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] % world == 0:
+        rows = value.shape[0] // world
+        return value[rank * rows:(rank + 1) * rows]
+    return value
+
+
+def _local_inputs(inputs: Any, mode: str, rank: int, world: int) -> Any:
+    """What this rank passes the parallel model: the whole inputs, or under a plan for inputs="sharded" its
+    block of each batched input."""
+    if mode == "full":
+        return inputs
+    if isinstance(inputs, dict):
+        return {k: _batch_rows(v, rank, world) for k, v in inputs.items()}
+    return tuple(_batch_rows(v, rank, world) for v in inputs)
 
 
 def _check_dropout(graph: Any, parallel: Any) -> int:
@@ -114,6 +148,15 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
           "the first collective of planner verify", timeout_s=agree_timeout_s)
     check_inputs(dense, plan, inputs)  # a plan for another model: the mismatch error naming both, not a capture error
     parallel = apply_plan(dense, plan, agree_timeout_s=agree_timeout_s)
+    world = dist.get_world_size()
+    mode = plan.options.inputs  # a sharded plan: each rank passes and gets its block of the batch
+    local = _local_inputs(inputs, mode, rank, world)
+    if mode == "sharded" and not _returns_loss(_probe(dense, inputs)):
+        from planner.apply.values import ApplyError
+
+        raise ApplyError(f"{spec} returns no scalar loss, so a plan for inputs='sharded' cannot be checked against "
+                         "it (each rank would differentiate its own rows' outputs); verify a model that returns its "
+                         "loss, or plan with inputs='full'")
     n_dropout = _check_dropout(parallel.source_graph, parallel)
     if prepare is not None:
         prepare(parallel)
@@ -124,9 +167,9 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     if n_dropout:  # masks checked with dropout on; saved activations measured with it (the plan prices masks)
         from planner.verify.dropout import dropout_off, mask_report
 
-        report.dropout = (n_dropout, mask_report(parallel, lambda: _call(parallel, inputs)))
+        report.dropout = (n_dropout, mask_report(parallel, lambda: _call(parallel, local)))
         with SavedActivationMeter.for_module(parallel) as meter:
-            _loss(_call(parallel, inputs))
+            _loss(_call(parallel, local))
         act_with_masks = meter.bytes
         stack.enter_context(dropout_off(parallel))  # numerics: dropout off in both models
 
@@ -136,11 +179,13 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     loss_d.backward()
     with CommCounter() as counter, cuda_peak_memory(device if device.type == "cuda" else None) as peak:
         with SavedActivationMeter.for_module(parallel) as meter:
-            out_p = _call(parallel, inputs)
+            out_p = _call(parallel, local)
             loss_p = _loss(out_p)
         loss_p.backward()
     report.errors.append(ErrorRow("loss", rel_error(loss_p, loss_d), f"dense {loss_d.item():.6f}"))
-    pairs = list(zip(_float_leaves(out_p), _float_leaves(out_d)))
+    dense_leaves = _float_leaves(out_d) if mode == "full" else \
+        [_batch_rows(t, rank, world) for t in _float_leaves(out_d)]
+    pairs = list(zip(_float_leaves(out_p), dense_leaves))
     report.errors.append(_worst("outputs", [(f"output {i}", rel_error(p, d)) for i, (p, d) in enumerate(pairs)]))
     dense_grads = {n: p.grad for n, p in dense.named_parameters() if p.grad is not None}
     report.errors.append(_row("gradients", compare(gather_grads(parallel), dense_grads, grad_floor(dense_grads)),
@@ -175,12 +220,12 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
                     model.zero_grad(set_to_none=True)
                 loss_d = _loss(_call(dense, inputs))
                 loss_d.backward()
-                loss_p = _loss(_call(parallel, inputs))
+                loss_p = _loss(_call(parallel, local))
                 loss_p.backward()
             opt_d.step()
             opt_p.step()
             with torch.no_grad():
-                after_d, after_p = _loss(_call(dense, inputs)).item(), _loss(_call(parallel, inputs)).item()
+                after_d, after_p = _loss(_call(dense, inputs)).item(), _loss(_call(parallel, local)).item()
             report.step_losses.append((after_d, after_p))
         state = gather_state_dict(parallel)
         after = {k: v for k, v in dense.state_dict().items() if k in before}
@@ -191,7 +236,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     from planner.verify.measure_memory import step_peak_bytes
 
     parallel.zero_grad(set_to_none=True)
-    peak_p = step_peak_bytes(parallel, lambda: _loss(_call(parallel, inputs)),
+    peak_p = step_peak_bytes(parallel, lambda: _loss(_call(parallel, local)),
                              torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps))["peak"]
     report.measured_peak, report.predicted_peak = [None] * dist.get_world_size(), plan.predicted.peak_memory_bytes
     with tracked("all_gather_object", (), "measured peak memory"):

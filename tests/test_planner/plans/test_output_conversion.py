@@ -80,3 +80,89 @@ def test_measured_peak_within_10_percent() -> None:
     for peak in peaks:
         assert abs(peak - p.predicted.peak_memory_bytes) <= 0.10 * p.predicted.peak_memory_bytes, \
             (peak, p.predicted.peak_memory_bytes)
+
+
+# --- inputs="sharded": each rank passes and gets its block of the batch --------------------------------------
+
+def _planned(inputs: str):
+    from planner.api import plan
+
+    model, example = _example()
+    return plan(model, 1 << 30, world_size=8, example_inputs=example, hardware="cpu-gloo", device="cpu",
+                schemes=["fsdp"], workers=1, inputs=inputs)
+
+
+def test_sharded_outputs_are_priced_as_batch_blocks() -> None:
+    from cost_models.layout import caller_layout
+
+    full, sharded = _planned("full"), _planned("sharded")
+    assert (full.options.inputs, sharded.options.inputs) == ("full", "sharded")
+    out = next(a for a in sharded.assignments if a.kind == "output")
+    head = next(a for a in sharded.assignments if a.node == "head")
+    meta = capture(*_example()).nodes[-1].input_meta[1]
+    want = caller_layout(meta.shape, "sharded", sharded.mesh)
+    assert want == Layout.shard(3, 0, sharded.mesh.axis_names)
+    if head.outputs[0] == want:
+        assert out.cost.transient_bytes == 0
+    else:
+        ec = edge_cost(meta, head.outputs[0], want, sharded.mesh, load_profile("cpu-gloo"), grad=True)
+        assert out.cost.transient_bytes == conversion_pair_working_set(ec.forward, ec.backward, meta.shape,
+                                                                       meta.itemsize, sharded.mesh)
+    full_out = next(a for a in full.assignments if a.kind == "output")
+    assert out.cost.transient_bytes < full_out.cost.transient_bytes
+    assert sharded.predicted.peak_memory_bytes < full.predicted.peak_memory_bytes
+
+
+def test_plan_options_inputs_round_trip_and_default() -> None:
+    from planner.plans.format import Plan, PlanError
+
+    p = _planned("sharded")
+    assert Plan.from_json(p.to_json()).options.inputs == "sharded"
+    data = p.to_dict()
+    del data["options"]["inputs"]  # a plan written before the option existed was priced for "full"
+    assert Plan.from_dict(data).options.inputs == "full"
+    data["options"]["inputs"] = "local"
+    with pytest.raises(PlanError, match="options.inputs"):
+        Plan.from_dict(data)
+
+
+def test_plan_refuses_an_unknown_input_mode() -> None:
+    from cost_models.errors import PlannerError
+    from planner.api import plan
+
+    model, example = _example()
+    with pytest.raises(PlannerError, match="inputs='local'.*'sharded'"):
+        plan(model, 1 << 30, world_size=8, example_inputs=example, inputs="local")
+
+
+def _sharded_rank(rank: int, plan) -> dict[str, object]:
+    from apply_checks import device_mesh
+
+    from planner.apply.rewrite import apply_plan
+    from planner.apply.values import ApplyError
+    from planner.verify.measure_memory import step_peak_bytes
+
+    model, (ids, labels) = _example()
+    dense_loss, dense_logits = model(ids, labels)
+    try:
+        apply_plan(model, plan, mesh=device_mesh(plan.mesh), inputs="full")
+        refused = ""
+    except ApplyError as e:
+        refused = str(e)
+    parallel = apply_plan(model, plan, mesh=device_mesh(plan.mesh))  # the plan's mode: sharded
+    rows = slice(rank, rank + 1)  # batch 8 over 8 ranks
+    loss, logits = parallel(ids[rows], labels[rows])
+    opt = torch.optim.AdamW(parallel.parameters())
+    peak = step_peak_bytes(parallel, lambda: parallel(ids[rows], labels[rows])[0], opt)["peak"]
+    return {"refused": refused, "loss": (loss - dense_loss).abs().item(), "rows": logits.shape[0],
+            "logits": (logits - dense_logits[rows]).abs().max().item(), "peak": int(peak)}
+
+
+@pytest.mark.distributed
+def test_sharded_plan_runs_sharded_within_its_peak() -> None:
+    p = _planned("sharded")
+    for r in run_ranks(_sharded_rank, 8, timeout_s=300, args=(p,)):
+        assert "priced for inputs='sharded'" in r["refused"]
+        assert r["rows"] == 1 and r["loss"] < 1e-5 and r["logits"] < 1e-5
+        assert abs(r["peak"] - p.predicted.peak_memory_bytes) <= 0.10 * p.predicted.peak_memory_bytes, \
+            (r["peak"], p.predicted.peak_memory_bytes)

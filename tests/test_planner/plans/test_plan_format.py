@@ -39,7 +39,7 @@ def test_json_keys_follow_the_contract() -> None:
     assert set(data["predicted"]["per_op"][0]) == {"node", "scheme", "time_s", "comm_bytes", "state_bytes",
                                                    "saved_bytes"}
     assert set(data["solver"]) == {"name", "status", "objective", "gap", "seconds", "method", "bound", "message"}
-    assert set(data["options"]) == {"bytes_per_param", "device", "checkpointing", "schemes"}
+    assert set(data["options"]) == {"bytes_per_param", "device", "checkpointing", "schemes", "inputs"}
     assert data["assignments"][1]["inputs"][0] == {"dims": [[], ["x", "y"], ["z"]]}
 
 
