@@ -38,7 +38,7 @@ from planner.search.solve.block_dp import BlockDP, BlockTable, Price, allowed
 from planner.search.solve.decompose import Decomposition
 from planner.search.solve.driver import infeasible_or_fallback
 from planner.search.solve.eliminate import eliminate
-from planner.search.solve.evaluate import evaluate_indexed
+from planner.search.solve.evaluate import FastEvaluator, evaluate_indexed
 from planner.search.solve.frontier import FrontierPoint, pareto_mask, topological_order
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import resolve_solver
@@ -91,6 +91,7 @@ class PricedSolve:
         self.tiny = self.scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
         self.stopped = False  # the user's time limit cut the search or an ILP short
         self._memo: dict = {}  # elimination orders of the outer sweep (see eliminate's memo)
+        self._evaluate = FastEvaluator(ip)  # the priced assignments' time and peak, as evaluate_indexed gives them
 
     def _late(self, deadline: float) -> bool:
         """Whether the user's time limit (a time.perf_counter() value; inf: none) has passed."""
@@ -162,7 +163,7 @@ class PricedSolve:
                 if flag:
                     ckpt.append(blk)
                 boundary.append((seg.cls, int(p), int(q), bool(flag)))
-        time_s, peak, _ = evaluate_indexed(ip, choice, ckpt)
+        time_s, peak = self._evaluate(choice, ckpt)
         value = float(sweep.value)
         # A bound (module docstring) when c <= b / M, M the number of blocks: the max term is at least the
         # least op transient (floor) and at least the mean over all blocks of the activations a checkpointed
