@@ -91,7 +91,7 @@ class BlockDP:
         self.n = len(shape.sizes)
         self.out = shape.out_pos
         self.sizes = {v: s for v, s in enumerate(shape.sizes)} | {PORT: shape.port_size}
-        self._memo: dict = {}  # elimination orders of this block's pieces (see eliminate's memo)
+        self._memo: dict = {}  # compiled eliminations of this block's pieces (see eliminate's memo)
         self.internal = shape.internal
         self.port = {v: plan.port[v] for v in range(self.n) if plan.port[v][0].any() or plan.port[v][1].any()}
         self.uses_port = set(self.port) | set(shape.port_work)  # nodes with an edge from the port

@@ -90,7 +90,7 @@ class PricedSolve:
         self.scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)  # seconds per budget byte, at most
         self.tiny = self.scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
         self.stopped = False  # the user's time limit cut the search or an ILP short
-        self._memo: dict = {}  # elimination orders of the outer sweep (see eliminate's memo)
+        self._memo: dict = {}  # compiled eliminations of the outer sweep (see eliminate's memo)
         self._evaluate = FastEvaluator(ip)  # the priced assignments' time and peak, as evaluate_indexed gives them
 
     def _late(self, deadline: float) -> bool:

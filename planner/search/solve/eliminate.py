@@ -48,17 +48,63 @@ class Sweep:
         return vals
 
 
-def _combine(factors: list[tuple[list[int], np.ndarray]], scope: list[int], sizes: dict[int, int]) -> np.ndarray:
-    """The sum of `factors`, broadcast over `scope` (every factor's nodes are in scope)."""
-    total = np.zeros(tuple(sizes[u] for u in scope))
-    for nodes, arr in factors:
+@dataclass
+class _Term:
+    """How one factor enters a table: its array's axes permuted into the table's order (None: as it is),
+    then reshaped to broadcast over the table's axes."""
+
+    factor: int  # index into the sweep's factor list (the initial factors, then one per elimination)
+    perm: tuple[int, ...] | None
+    shape: tuple[int, ...]
+
+
+def _terms(factor_ids: list[int], factor_nodes: list[list[int]], scope: list[int],
+           sizes: dict[int, int]) -> list[_Term]:
+    """The terms that sum `factor_ids` into a table over `scope` (every factor's nodes are in scope)."""
+    terms = []
+    for f in factor_ids:
+        nodes = factor_nodes[f]
         perm = sorted(range(len(nodes)), key=lambda k: scope.index(nodes[k]))
-        arr = np.transpose(arr, perm) if perm != list(range(len(nodes))) else arr
         shape = [1] * len(scope)
         for k in perm:
             shape[scope.index(nodes[k])] = sizes[nodes[k]]
-        total = total + arr.reshape(shape)
+        terms.append(_Term(f, tuple(perm) if perm != list(range(len(nodes))) else None, tuple(shape)))
+    return terms
+
+
+def _sum_terms(terms: list[_Term], arrays: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    total = np.zeros(shape)
+    for t in terms:
+        arr = arrays[t.factor]
+        total = total + (arr if t.perm is None else np.transpose(arr, t.perm)).reshape(t.shape)
     return total
+
+
+@dataclass
+class _Program:
+    """An elimination compiled for one structure (nodes, factors, kept nodes, sizes): per step the node
+    minimised away, its scope, the factors summed into its table and that table's shape; then the terms of
+    the final table over the kept nodes. The price searches sweep one structure with many costs, so this
+    is built once per structure and replayed with plain array operations."""
+
+    steps: list[tuple[int, list[int], list[_Term], tuple[int, ...]]]
+    final: list[_Term]
+    final_shape: tuple[int, ...]
+
+
+def _compile(order: list[int], sizes: dict[int, int], factor_nodes: list[list[int]], kept: list[int]) -> _Program:
+    nodes_of = list(factor_nodes)
+    alive = list(range(len(nodes_of)))
+    steps = []
+    for x, scope in _schedule(order, sizes, factor_nodes, kept):
+        mine = [f for f in alive if x in nodes_of[f]]
+        alive = [f for f in alive if x not in nodes_of[f]]
+        axes = scope + [x]
+        steps.append((x, scope, _terms(mine, nodes_of, axes, sizes), tuple(sizes[u] for u in axes)))
+        alive.append(len(nodes_of))
+        nodes_of.append(scope)
+    final = _terms(alive, nodes_of, kept, sizes) if kept else [_Term(f, None, ()) for f in alive]
+    return _Program(steps, final, tuple(sizes[u] for u in kept))
 
 
 def _schedule(order: list[int], sizes: dict[int, int], factors: list[list[int]],
@@ -99,34 +145,37 @@ def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarr
         those edges.
     incoming[v]: (u, M) with M of shape (sizes[u], sizes[v]).
     keep: nodes (of `start` or `order`) not minimised away: the result is a table over them.
-    memo: a dict that keeps the elimination order of each structure (nodes, edges, kept nodes, sizes)
+    memo: a dict that keeps the compiled elimination of each structure (nodes, edges, kept nodes, sizes)
         for the next call with the same structure and other costs (the price searches sweep one block
         many times); the order depends only on the structure, so the result is the same.
     Infinite costs forbid a choice.
     """
-    factors: list[tuple[list[int], np.ndarray]] = []
+    factor_nodes: list[list[int]] = []
+    arrays: list[np.ndarray] = []
     for v in order:
-        factors.append(([v], np.asarray(unary[v], dtype=float)))
+        factor_nodes.append([v])
+        arrays.append(np.asarray(unary[v], dtype=float))
         for u, mat in incoming.get(v, ()):
-            factors.append(([u, v], np.asarray(mat, dtype=float)))
+            factor_nodes.append([u, v])
+            arrays.append(np.asarray(mat, dtype=float))
     kept = list(keep)
     key = None
     if memo is not None:
-        key = (tuple(order), tuple(kept), tuple(tuple(nodes) for nodes, _ in factors),
-               tuple(sizes[u] for nodes, _ in factors for u in nodes))
-    steps = memo.get(key) if memo is not None else None
-    if steps is None:
-        steps = _schedule(order, sizes, [nodes for nodes, _ in factors], kept)
+        key = (tuple(order), tuple(kept), tuple(tuple(nodes) for nodes in factor_nodes),
+               tuple(sizes[u] for nodes in factor_nodes for u in nodes))
+    program = memo.get(key) if memo is not None else None
+    if program is None:
+        program = _compile(order, sizes, factor_nodes, kept)
         if memo is not None:
-            memo[key] = steps
+            memo[key] = program
     records: list[_Record] = []
-    for x, scope in steps:
-        mine = [f for f in factors if x in f[0]]
-        factors = [f for f in factors if x not in f[0]]
-        table = _combine(mine, scope + [x], sizes)
+    for x, scope, terms, shape in program.steps:
+        table = _sum_terms(terms, arrays, shape)
         arg = np.argmin(table, axis=-1)
         records.append(_Record(x, scope, arg))
-        factors.append((scope, np.take_along_axis(table, arg[..., None], axis=-1)[..., 0]))
-    value = _combine(factors, kept, sizes) if kept else np.asarray(
-        sum(float(arr) for _, arr in factors))
+        arrays.append(np.take_along_axis(table, arg[..., None], axis=-1)[..., 0])
+    if kept:
+        value = _sum_terms(program.final, arrays, program.final_shape)
+    else:
+        value = np.asarray(sum(float(arrays[t.factor]) for t in program.final))
     return Sweep(value, kept, records)
