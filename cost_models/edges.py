@@ -7,19 +7,20 @@ collective is tagged "edge". Same layout: no steps, zero cost.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
 from cost_models.comm import collective_seconds
 from cost_models.hardware import HardwareProfile
-from cost_models.layout import Layout
+from cost_models.layout import Layout, caller_layout
+from cost_models.memory import conversion_pair_working_set
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, TensorMeta
 from cost_models.redistribution import Step, backward_steps, plan_redistribution
 from cost_models.strategy import Collective
 
-__all__ = ["EdgeCost", "edge_cost", "grad_flow"]
+__all__ = ["EdgeCost", "edge_cost", "grad_flow", "output_working_set"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +85,22 @@ def grad_flow(nodes: Iterable[OpNode]) -> dict[str, bool]:
 def _has_grad(meta: TensorMeta) -> bool:
     """Integer and boolean tensors (token ids, masks) carry no gradient back."""
     return meta.dtype in ("float16", "bfloat16", "float32", "float64", "complex64")
+
+
+def output_working_set(outputs: Sequence[TensorMeta], k: int, have: Layout, input_mode: str, mesh: Mesh,
+                       hw: HardwareProfile, grad: bool = True) -> int:
+    """Bytes alive while the graph's output `k` is converted from `have` to the caller's layout
+    (`caller_layout`: whole on every rank with input_mode "full", this rank's batch block with "sharded"):
+    the conversion's working set (forward, or its gradient's backward), plus the caller-layout bytes of
+    outputs 0..k-1, which the caller holds by then (counted whether or not they needed converting: an
+    upper bound by at most those bytes). The outputs exist at the end of the forward, beside every saved
+    activation; their collectives are the caller's (tag io), not a plan step's. One definition for the
+    solver (an edge into the output node) and the plan's accounting."""
+    meta = outputs[k]
+    want = caller_layout(meta.shape, input_mode, mesh)
+    if have == want:
+        return 0
+    held = sum(caller_layout(m.shape, input_mode, mesh).local_numel(m.shape, mesh) * m.itemsize
+               for m in outputs[:k])
+    ec = edge_cost(meta, have, want, mesh, hw, grad=grad)
+    return held + conversion_pair_working_set(ec.forward, ec.backward, meta.shape, meta.itemsize, mesh)

@@ -148,7 +148,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
 
     def build(m: Mesh) -> BuiltProblem:
         return build_problem(graph, m, hw, budget_bytes, device=kind, bytes_per_param=bpp, schemes=allowed,
-                             checkpointing=checkpointing)
+                             checkpointing=checkpointing, input_mode=inputs)
 
     results = plan_meshes(mesh_list, lambda m: plan_mesh(m, build, assemble, budget_bytes, solver=solver,
                                                          time_limit=time_limit),

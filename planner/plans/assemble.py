@@ -7,9 +7,8 @@ prediction is exact for its own assignment (saved tensors shared by several ops 
 
 from __future__ import annotations
 
-from cost_models.edges import edge_cost, grad_flow
+from cost_models.edges import edge_cost, grad_flow, output_working_set
 from cost_models.hardware import HardwareProfile
-from cost_models.layout import caller_layout
 from cost_models.memory import conversion_pair_working_set, step_peak
 from cost_models.ops import DTYPE_BYTES, OpNode
 from cost_models.strategies.base import param_key, tensor_key
@@ -109,24 +108,13 @@ def _state_moves(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -
 
 def _output_working_set(op: OpNode, strat: Strategy, built: BuiltProblem, pick: dict[str, int],
                         nodes: dict[str, OpNode], flows: dict[str, bool], hw: HardwareProfile, input_mode: str) -> int:
-    """Bytes alive while the graph's outputs are converted to the caller's layout (`caller_layout`: with
-    inputs="full" whole on every rank, e.g. a HF model's logits gathered from a vocabulary split; with
-    "sharded" this rank's batch block): each conversion's working set, plus the outputs converted before it,
-    which the caller holds. The outputs exist at the end of the forward, beside every saved activation; no
-    plan step prices these conversions (their collectives are the caller's, tag io), so without this the
-    peak misses them."""
-    held = most = 0
+    """The largest `output_working_set` of the graph's outputs under the chosen layouts (the solver prices
+    each as an edge into the output node: the same figure)."""
+    most = 0
     for arg, src in enumerate(op.inputs):
-        meta = op.input_meta[arg]
         have = strat.inputs[arg] if arg < len(strat.inputs) and strat.inputs[arg] is not None else \
             _out_layout(built.strategies[src][pick[src]], nodes[src], op)
-        want = caller_layout(meta.shape, input_mode, built.mesh)
-        if have == want:
-            continue
-        ec = edge_cost(meta, have, want, built.mesh, hw, grad=flows[src])
-        most = max(most, held + conversion_pair_working_set(ec.forward, ec.backward, meta.shape, meta.itemsize,
-                                                            built.mesh))
-        held += want.local_numel(meta.shape, built.mesh) * meta.itemsize
+        most = max(most, output_working_set(op.input_meta, arg, have, input_mode, built.mesh, hw, grad=flows[src]))
     return most
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cost_models import schemes as schemes_mod
-from cost_models.edges import edge_cost, grad_flow
+from cost_models.edges import edge_cost, grad_flow, output_working_set
 from cost_models.errors import PlannerError
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
@@ -348,10 +348,12 @@ _NO_EDGE = (0.0, 0.0, 0)
 
 
 def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerated, g: Grouped,
-                same_decision: dict[str, str]) -> list[ProblemEdge]:
+                same_decision: dict[str, str], input_mode: str = "full") -> list[ProblemEdge]:
     """The layout conversions between decisions: per (producer choice, consumer choice), the time, the
     recompute time and the working set of converting each tensor that crosses, summed per decision pair.
-    Each distinct (shape, dtype, from, to, gradient) is priced once; a repeated block's edges are copied."""
+    Each distinct (shape, dtype, from, to, gradient) is priced once; a repeated block's edges are copied.
+    Into the output node, the conversion of each output to the caller's layout (`input_mode`): its working
+    set only (`output_working_set`; its collectives are the caller's, not the step's)."""
     nodes = {n.name: n for n in graph.nodes}
     strategies, decisions, decision_of, copied = en.strategies, g.decisions, g.decision_of, en.copied
     edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -379,6 +381,14 @@ def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerat
             meta = op.input_meta[arg]
             # price each distinct (producer layout, consumer layout) pair once, then index
             lus = [_out_layout(strategies[src][k], prod, op) for k in du.members[ku]]
+            if op.kind == "output":
+                cost = np.zeros((len(lus), len(dv.members[kv])))
+                work = np.array([[output_working_set(op.input_meta, arg, lu, input_mode, mesh, hw, grad=flows[src])]
+                                 * cost.shape[1] for lu in lus], dtype=np.int64)
+                edge_of[(op.name, arg)] = (cost, cost, work) if work.any() else None
+                if work.any():
+                    _add_edge(edge_mats, (du.name, dv.name), cost, cost, work)
+                continue
             lvs = [strategies[op.name][k].inputs[arg] for k in dv.members[kv]]
             ulu, iu = _distinct(lus)
             ulv, iv = _distinct(lvs)
@@ -438,15 +448,16 @@ def block_specs(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped) -> li
 
 def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_bytes: int, *,
                   device: str = "cuda", bytes_per_param: int = 16, schemes: frozenset[str] | None = None,
-                  checkpointing: bool = True) -> BuiltProblem:
+                  checkpointing: bool = True, input_mode: str = "full") -> BuiltProblem:
     """The solver's problem for `graph` on `mesh`, in four stages with plain data between them: enumerate
     and cost each op's strategies, group followers into their producers' decisions, price choices and
-    edges, and list the checkpointable blocks."""
+    edges, and list the checkpointable blocks. input_mode: how the caller gets the outputs (`INPUT_MODES`),
+    which prices their conversion."""
     mark_graph_hints(graph.nodes)  # fused q/k/v outputs and transposed matmul operands (idempotent)
     en = enumerate_ops(graph, mesh, hw, device=device, bytes_per_param=bytes_per_param, schemes=schemes)
     g = group_decisions(graph, en)
     pnodes, same_decision = price_choices(en, g, bytes_per_param)
-    pedges = price_edges(graph, mesh, hw, en, g, same_decision)
+    pedges = price_edges(graph, mesh, hw, en, g, same_decision, input_mode)
     problem = Problem(pnodes, pedges, block_specs(graph, mesh, en, g), int(budget_bytes), checkpointing=checkpointing,
                       uniform_groups=UNIFORM_GROUPS)
     return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,

@@ -56,8 +56,9 @@ def test_logits_gathered_for_the_caller_are_priced() -> None:
     assert not logits.is_replicated()  # the tokens stay split up to the output
     meta = capture(*_example()).nodes[-1].input_meta[1]
     ec = edge_cost(meta, logits, Layout.replicated(3), p.mesh, load_profile("cpu-gloo"), grad=True)
-    assert out.cost.transient_bytes == conversion_pair_working_set(ec.forward, ec.backward, meta.shape,
-                                                                   meta.itemsize, p.mesh)
+    # the loss (output 0, 4 bytes) is held by the caller while the logits are gathered
+    assert out.cost.transient_bytes == 4 + conversion_pair_working_set(ec.forward, ec.backward, meta.shape,
+                                                                       meta.itemsize, p.mesh)
     assert out.cost.transient_bytes >= 2 * BATCH * SEQ * VOCAB * 4  # gathered blocks + the whole logits
 
 
@@ -106,8 +107,8 @@ def test_sharded_outputs_are_priced_as_batch_blocks() -> None:
         assert out.cost.transient_bytes == 0
     else:
         ec = edge_cost(meta, head.outputs[0], want, sharded.mesh, load_profile("cpu-gloo"), grad=True)
-        assert out.cost.transient_bytes == conversion_pair_working_set(ec.forward, ec.backward, meta.shape,
-                                                                       meta.itemsize, sharded.mesh)
+        assert out.cost.transient_bytes == 4 + conversion_pair_working_set(ec.forward, ec.backward, meta.shape,
+                                                                           meta.itemsize, sharded.mesh)
     full_out = next(a for a in full.assignments if a.kind == "output")
     assert out.cost.transient_bytes < full_out.cost.transient_bytes
     assert sharded.predicted.peak_memory_bytes < full.predicted.peak_memory_bytes
@@ -166,3 +167,20 @@ def test_sharded_plan_runs_sharded_within_its_peak() -> None:
         assert r["rows"] == 1 and r["loss"] < 1e-5 and r["logits"] < 1e-5
         assert abs(r["peak"] - p.predicted.peak_memory_bytes) <= 0.10 * p.predicted.peak_memory_bytes, \
             (r["peak"], p.predicted.peak_memory_bytes)
+
+
+def test_the_solver_sees_the_output_conversion() -> None:
+    """The solver's problem has the conversion's working set on the edge into the output node, so its
+    peak and the plan's count the same output bytes: the plan fits without re-solving."""
+    import numpy as np
+
+    from planner.search.build import build_problem
+
+    model, example = _example()
+    graph = capture(model, example)
+    p = _planned("full")
+    built = build_problem(graph, p.mesh, load_profile("cpu-gloo"), 1 << 30, device="cpu", schemes=frozenset({"fsdp"}))
+    into_output = [e for e in built.problem.edges if e.dst == "output"]
+    assert into_output and all(e.transient_bytes is not None for e in into_output)
+    out = next(a for a in p.assignments if a.kind == "output")
+    assert max(int(np.max(e.transient_bytes)) for e in into_output) >= out.cost.transient_bytes
