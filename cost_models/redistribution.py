@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 
 from cost_models.layout import Axes, Layout, LayoutError
 from cost_models.mesh import Mesh
+from cost_models.strategy import COLLECTIVE_KINDS
 
 __all__ = ["Step", "plan_redistribution", "backward_steps", "COLLECTIVE_KINDS"]
 
-COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,20 @@ seconds and the collectives the op runs internally. Conversions *between* ops ar
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from cost_models.layout import Axes, Layout
 from cost_models.schemes import HEAVY_SCHEMES, SCHEMES
 
-__all__ = ["SCHEMES", "HEAVY_SCHEMES", "Collective", "Strategy", "OpCost", "SavedTensor"]
+__all__ = ["SCHEMES", "HEAVY_SCHEMES", "COLLECTIVE_KINDS", "PHASES", "CollectiveKind", "Phase", "Collective", "Strategy",
+           "OpCost", "SavedTensor"]
+
+# The collectives the cost model prices and layers3d runs (and counts), and the phases of a training step
+# they run in: one closed vocabulary each, checked when a Collective is made.
+CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"]
+COLLECTIVE_KINDS: tuple[str, ...] = get_args(CollectiveKind)
+Phase = Literal["forward", "backward", "recompute"]
+PHASES: tuple[str, ...] = get_args(Phase)
 
 # The scheme names (one enum, cost_models.schemes), re-exported where strategies are defined.
 
@@ -27,16 +35,22 @@ class Collective:
     kind: "all_gather" | "reduce_scatter" | "all_reduce" | "all_to_all" | "broadcast".
     axes: the mesh axes of its group.
     bytes: per-rank size of the full buffer (gathered output / unreduced input / local tensor).
-    phase: "forward" or "backward" (forward collectives run again in backward when checkpointed).
+    phase: "forward", "backward", or "recompute" (a checkpointed block's forward collectives run again).
     tag: what moves, for people and for matching with measurements ("input", "weight", "output",
         "grad_input", "grad_weight", "stats", "edge").
     """
 
-    kind: str
+    kind: CollectiveKind
     axes: Axes
     bytes: int
-    phase: str
+    phase: Phase
     tag: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in COLLECTIVE_KINDS:
+            raise ValueError(f"collective kind {self.kind!r} is not one of {', '.join(COLLECTIVE_KINDS)}")
+        if self.phase not in PHASES:
+            raise ValueError(f"collective phase {self.phase!r} is not one of {', '.join(PHASES)}")
 
     def __str__(self) -> str:
         return f"{self.phase[:3]} {self.kind}({''.join(self.axes)}) {self.bytes}B {self.tag}".rstrip()

@@ -90,3 +90,19 @@ def test_roofline_takes_the_larger_roof():
     assert roofline_seconds(1e12, 0, "bfloat16", A100) == pytest.approx(1e12 / peak)
     assert roofline_seconds(1, 2039e9, "bfloat16", A100) == pytest.approx(1.0)
     assert roofline_seconds(1e12, 0, "float32", A100) == pytest.approx(1e12 / (19.5e12 * A100.efficiency))
+
+
+def test_collective_vocabularies_are_closed() -> None:
+    """A collective's kind and phase come from one closed vocabulary each; a misspelt one is refused when
+    the Collective is made, not silently priced at zero or left unmatched against a measurement."""
+    import pytest
+
+    from cost_models.strategy import COLLECTIVE_KINDS, PHASES, Collective
+
+    assert COLLECTIVE_KINDS == ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
+    assert PHASES == ("forward", "backward", "recompute")
+    Collective("all_to_all", ("x",), 8, "recompute", "edge")
+    with pytest.raises(ValueError, match="kind 'allgather'"):
+        Collective("allgather", ("x",), 8, "forward")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="phase 'fwd'"):
+        Collective("all_gather", ("x",), 8, "fwd")  # type: ignore[arg-type]
