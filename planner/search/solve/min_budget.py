@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.ilp import BuiltModel
 from planner.search.solve.indexed import IndexedProblem
-from planner.search.solve.milp import solve_milp
+from planner.search.solve.milp import WORK_LIMIT, solve_milp
 
 __all__ = ["LeastMemory", "least_memory"]
 
@@ -37,7 +37,8 @@ def least_memory(ip: IndexedProblem, build: Build, *, solver: str, deadline: flo
     """Minimise peak memory over all assignments with the models `build("memory", cap)` gives."""
     built = build("memory", None)
     res = solve_milp(
-        built.model, solver=solver, time_limit=deadline - time.perf_counter(), rel_gap=0.0, abs_gap=0.25 / built.unit
+        built.model, solver=solver, time_limit=deadline - time.perf_counter(), rel_gap=0.0, abs_gap=0.25 / built.unit,
+        work_limit=WORK_LIMIT,
     )
     if res.x is None:
         return LeastMemory(None, [], [], False, f"least-memory solve failed: {res.status} {res.message}".strip())
@@ -49,7 +50,7 @@ def least_memory(ip: IndexedProblem, build: Build, *, solver: str, deadline: flo
             break
         built = build("memory", peak - 1)
         res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), rel_gap=0.0,
-                         abs_gap=0.25 / built.unit)
+                         abs_gap=0.25 / built.unit, work_limit=WORK_LIMIT)
         if res.status == "infeasible":
             proven = True
         elif res.x is not None:
