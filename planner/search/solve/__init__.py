@@ -72,8 +72,9 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
         changed, so one built problem serves every budget.
     solver: "highs" (falls back to "cbc" with a warning when highspy is missing) or "cbc".
-    time_limit: None (default): every limit is counted in work (branch-and-bound nodes, prices, rounds), so
-        the answer is a function of the problem alone and the same on a busy machine as on a quiet one.
+    time_limit: None (default): every limit is counted in work (branch-and-bound nodes, solver
+        checkpoints, prices, rounds), so the answer is a function of the problem alone and the same on
+        a busy machine as on a quiet one.
         Seconds: the solve also stops there, returning the best assignment found so far with status
         "feasible", its gap and a message saying so (or status "error" if none was found); the answer then
         depends on the machine's speed.
