@@ -20,7 +20,7 @@ from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import Decomposition, NotDecomposable, decompose
 from planner.search.solve.driver import solve_built
 from planner.search.solve.evaluate import evaluate, evaluate_indexed
-from planner.search.solve.flat_start import priced_start
+from planner.search.solve.flat_start import priced_starts
 from planner.search.solve.frontier import FrontierTooLarge
 from planner.search.solve.ilp import build_flat, flat_size
 from planner.search.solve.indexed import IndexedProblem, ProblemError, fold_fixed_edges
@@ -57,12 +57,14 @@ def _pick_method(ip: IndexedProblem) -> tuple[str, Decomposition | None]:
     return "priced", dec
 
 
-def _flat_start(ip: IndexedProblem) -> tuple[list[int], list[int]] | None:
-    """A MIP start for a flat ILP too large to solve quickly (see `flat_start`): None for small ones."""
+def _flat_starts(ip: IndexedProblem) -> dict[str, tuple[list[int], list[int]] | None]:
+    """MIP starts for a flat ILP too large to solve quickly (see `flat_start`), as `solve_built` takes them:
+    the fastest assignment that fits and the least-memory one (none for small ILPs)."""
     if flat_size(ip) <= AUTO_FLAT_LIMIT:
-        return None
-    found = priced_start(ip)
-    return None if found is None else (found.choice, found.ckpt)
+        return {}
+    found = priced_starts(ip)
+    return {key: None if s is None else (s.choice, s.ckpt)
+            for key, s in (("initial", found.fastest), ("least_initial", found.least))}
 
 
 def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs", time_limit: float | None = None,
@@ -119,7 +121,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
                 log.info("two-level solve not applicable (%s); using the flat ILP", err)
         if sol is None:
             sol = solve_built(ip, lambda mode, budget: build_flat(ip, mode, budget), solver=name,
-                              deadline=deadline, method="flat", initial=_flat_start(ip))
+                              deadline=deadline, method="flat", **_flat_starts(ip))
     if sol.choice:  # the figures of the problem as given (folding reorders float sums in the last bits)
         vec = [sol.choice[name] for name in exact.names]
         sol.objective, sol.peak_bytes, _ = evaluate_indexed(exact, vec, [exact.block_index(b) for b in sol.checkpointed])

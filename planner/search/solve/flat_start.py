@@ -27,7 +27,7 @@ from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.frontier import topological_order
 from planner.search.solve.indexed import IndexedProblem
 
-__all__ = ["Start", "priced_start"]
+__all__ = ["Start", "Starts", "priced_starts"]
 
 _STEPS = 8  # bisection steps on log(mu) per search
 _CAPS = 4  # transient caps tried below the answer's largest transient
@@ -41,6 +41,15 @@ class Start:
     ckpt: list[int]
     time_s: float
     peak: int
+
+
+@dataclass
+class Starts:
+    """What the searches found: the fastest assignment that fits the budget (a start for the time ILP) and
+    the one with the least peak (a start for the least-memory ILP); None when there is none."""
+
+    fastest: Start | None
+    least: Start | None
 
 
 class _Pricer:
@@ -122,8 +131,8 @@ def _caps(ip: IndexedProblem, choice: list[int]) -> list[float]:
     return [float(x) for x in levels[levels < top][::-1][:_CAPS]]
 
 
-def priced_start(ip: IndexedProblem) -> Start | None:
-    """The fastest assignment the priced searches find that fits `ip.budget` (None when none does)."""
+def priced_starts(ip: IndexedProblem) -> Starts:
+    """The fastest assignment the priced searches find that fits `ip.budget`, and the least peak they find."""
     pricer = _Pricer(ip)
     scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)  # seconds per budget byte, at most
     mu0, top = scale * 1e-4, scale * 1e8
@@ -131,9 +140,8 @@ def priced_start(ip: IndexedProblem) -> Start | None:
     for ckpt in sets:
         pricer.search(ckpt, np.inf, mu0, top)
     anchor = pricer.best() or min(pricer.results, key=lambda r: r.peak, default=None)
-    if anchor is None:
-        return None
-    for cap in _caps(ip, anchor.choice):
-        for ckpt in sets:
-            pricer.search(ckpt, cap, mu0, top)
-    return pricer.best()
+    if anchor is not None:
+        for cap in _caps(ip, anchor.choice):
+            for ckpt in sets:
+                pricer.search(ckpt, cap, mu0, top)
+    return Starts(pricer.best(), min(pricer.results, key=lambda r: (r.peak, r.time_s), default=None))

@@ -55,6 +55,7 @@ class MilpResult:
     solver: str
     message: str = ""
     nodes: int = 0  # branch-and-bound nodes HiGHS explored (0 when unknown)
+    work_limited: bool = False  # the work limit stopped it (solving again with a tighter row costs as much)
 
 
 class MilpModel:
@@ -315,12 +316,13 @@ def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs
     if status == S.kInfeasible or (status == S.kObjectiveBound and not has_x):  # nothing beats the cutoff
         return MilpResult("infeasible", None, np.nan, bound, np.nan, 0.0, "highs", nodes=nodes)
     reason = h.modelStatusToString(status)
-    if checks is not None and seen[0] >= checks:
+    limited = checks is not None and seen[0] >= checks
+    if limited:
         reason = f"work limit ({checks} solver checkpoints for {len(a['value'])} nonzeros)"
     if has_x:
-        return MilpResult("feasible", x, obj, bound, gap, 0.0, "highs", f"HiGHS stopped: {reason}", nodes)
+        return MilpResult("feasible", x, obj, bound, gap, 0.0, "highs", f"HiGHS stopped: {reason}", nodes, limited)
     return MilpResult("error", None, np.nan, bound, np.nan, 0.0, "highs", f"HiGHS stopped without a solution: {reason}",
-                      nodes)
+                      nodes, limited)
 
 
 def _solve_cbc(model: MilpModel, time_limit: float | None, rel_gap: float, abs_gap: float,

@@ -8,7 +8,7 @@ import pytest
 from planner.search.solve import brute_force, driver, evaluate, solve
 from planner.search.solve.decompose import NotDecomposable, decompose
 from planner.search.solve.driver import solve_built
-from planner.search.solve.flat_start import priced_start
+from planner.search.solve.flat_start import priced_starts
 from planner.search.solve.ilp import build_flat, flat_size
 from planner.search.solve.indexed import IndexedProblem, fold_fixed_edges
 from planner.search.solve.problem import Problem
@@ -45,7 +45,7 @@ def test_priced_start_fits_and_its_figures_are_exact() -> None:
     for seed in SEEDS:
         problem = _small(seed)
         ref = brute_force(problem)
-        start = priced_start(_view(problem))
+        start = priced_starts(_view(problem)).fastest
         if start is None:
             continue
         found += 1
@@ -62,7 +62,7 @@ def test_flat_ilp_from_the_start_matches_brute_force() -> None:
     for seed in SEEDS:
         problem = _small(seed)
         ip = _view(problem)
-        start = priced_start(ip)
+        start = priced_starts(ip).fastest
         sol = solve_built(ip, lambda mode, budget, ip=ip: build_flat(ip, mode, budget), solver="highs",
                           deadline=float("inf"), method="flat",
                           initial=None if start is None else (start.choice, start.ckpt))
@@ -91,7 +91,7 @@ def test_medium_instance_is_solved_exactly_under_the_default_limit(monkeypatch: 
 
 def test_work_limit_keeps_the_start_and_reports_its_gap(monkeypatch: pytest.MonkeyPatch) -> None:
     problem = _medium(1)
-    start = priced_start(_view(problem))
+    start = priced_starts(_view(problem)).fastest
     assert start is not None
     monkeypatch.setattr(driver, "WORK_LIMIT", 1)  # the fewest solver checkpoints HiGHS is given
     sol = solve(problem)
