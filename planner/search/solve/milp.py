@@ -211,7 +211,7 @@ def solve_milp(
     of its interruption checkpoints (see WORK_LIMIT; None: no such limit); `time_limit`: seconds (None or
     inf: none, the default; a finite one makes the answer depend on the machine's speed). `cutoff`: an
     objective value known to be reachable (HiGHS prunes every branch that cannot beat it). `start`: values
-    of (some of) the integer variables of a known solution (a MIP start; HiGHS completes the rest), so a
+    of (some of) the integer variables of a known solution (a MIP start, HiGHS only; it completes the rest), so a
     limit that stops the search early still returns at least that solution."""
     name = resolve_solver(solver)
     if model.trivially_infeasible:
