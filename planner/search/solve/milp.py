@@ -210,9 +210,9 @@ def solve_milp(
     most (work, so the answer is reproducible); `work_limit`: with HiGHS, stop after work_limit / nonzeros
     of its interruption checkpoints (see WORK_LIMIT; None: no such limit); `time_limit`: seconds (None or
     inf: none, the default; a finite one makes the answer depend on the machine's speed). `cutoff`: an
-    objective value known to be reachable (HiGHS prunes every branch that cannot beat it). `start`: values
-    of (some of) the integer variables of a known solution (a MIP start, HiGHS only; it completes the rest), so a
-    limit that stops the search early still returns at least that solution."""
+    objective value known to be reachable (HiGHS prunes every branch that cannot beat it). `mip_start`:
+    values of (some of) the integer variables of a known solution (a MIP start, HiGHS only; it completes
+    the rest), so a limit that stops the search early still returns at least that solution."""
     name = resolve_solver(solver)
     if model.trivially_infeasible:
         return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, name)
