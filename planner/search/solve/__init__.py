@@ -20,6 +20,7 @@ from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import Decomposition, NotDecomposable, decompose
 from planner.search.solve.driver import solve_built
 from planner.search.solve.evaluate import evaluate, evaluate_indexed
+from planner.search.solve.flat_start import priced_starts
 from planner.search.solve.frontier import FrontierTooLarge
 from planner.search.solve.ilp import build_flat, flat_size
 from planner.search.solve.indexed import IndexedProblem, ProblemError, fold_fixed_edges
@@ -56,6 +57,16 @@ def _pick_method(ip: IndexedProblem) -> tuple[str, Decomposition | None]:
     return "priced", dec
 
 
+def _flat_starts(ip: IndexedProblem) -> dict[str, tuple[list[int], list[int]] | None]:
+    """MIP starts for a flat ILP too large to solve quickly (see `flat_start`), as `solve_built` takes them:
+    the fastest assignment that fits and the least-memory one (none for small ILPs)."""
+    if flat_size(ip) <= AUTO_FLAT_LIMIT:
+        return {}
+    found = priced_starts(ip)
+    return {key: None if s is None else (s.choice, s.ckpt)
+            for key, s in (("initial", found.fastest), ("least_initial", found.least))}
+
+
 def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs", time_limit: float | None = None,
           method: str = "auto", progress: bool = False) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
@@ -63,8 +74,9 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
         changed, so one built problem serves every budget.
     solver: "highs" (falls back to "cbc" with a warning when highspy is missing) or "cbc".
-    time_limit: None (default): every limit is counted in work (branch-and-bound nodes, prices, rounds), so
-        the answer is a function of the problem alone and the same on a busy machine as on a quiet one.
+    time_limit: None (default): every limit is counted in work (branch-and-bound nodes, solver
+        checkpoints, prices, rounds), so the answer is a function of the problem alone and the same on
+        a busy machine as on a quiet one.
         Seconds: the solve also stops there, returning the best assignment found so far with status
         "feasible", its gap and a message saying so (or status "error" if none was found); the answer then
         depends on the machine's speed.
@@ -109,7 +121,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
                 log.info("two-level solve not applicable (%s); using the flat ILP", err)
         if sol is None:
             sol = solve_built(ip, lambda mode, budget: build_flat(ip, mode, budget), solver=name,
-                              deadline=deadline, method="flat")
+                              deadline=deadline, method="flat", **_flat_starts(ip))
     if sol.choice:  # the figures of the problem as given (folding reorders float sums in the last bits)
         vec = [sol.choice[name] for name in exact.names]
         sol.objective, sol.peak_bytes, _ = evaluate_indexed(exact, vec, [exact.block_index(b) for b in sol.checkpointed])

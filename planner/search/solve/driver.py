@@ -14,7 +14,7 @@ import numpy as np
 
 from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.indexed import IndexedProblem
-from planner.search.solve.milp import solve_milp
+from planner.search.solve.milp import WORK_LIMIT, solve_milp
 from planner.search.solve.min_budget import Build, LeastMemory, least_memory
 from planner.search.solve.problem import Solution
 
@@ -43,18 +43,25 @@ def infeasible_or_fallback(ip: IndexedProblem, least: LeastMemory, base: dict) -
     return Solution(status="infeasible", min_feasible_budget=least.peak_bytes, message=least.message, **fields)
 
 
-def solve_built(ip: IndexedProblem, build: Build, *, solver: str, deadline: float, method: str) -> Solution:
+def solve_built(ip: IndexedProblem, build: Build, *, solver: str, deadline: float, method: str,
+                initial: tuple[list[int], list[int]] | None = None,
+                least_initial: tuple[list[int], list[int]] | None = None) -> Solution:
     """Minimise step time under `ip.budget` with the models `build(mode, budget)` gives.
 
     The solver's feasibility tolerance times a byte-sized coefficient can hide a few bytes; an answer that
     re-evaluates above the budget is solved again with the memory row tightened by 1, 4, 16... times the
     excess (the answer may then miss an optimum within those bytes of the budget, which it says).
-    `deadline`: a time.perf_counter() value past which the user's time limit stops the solver (inf: none)."""
+    `deadline`: a time.perf_counter() value past which the user's time limit stops the solver (inf: none).
+    `initial`: an assignment (choice vector, checkpointed blocks) that fits, handed to the solver as a MIP
+    start where the model can take one: the work limit (`milp.WORK_LIMIT`) then never leaves it empty-handed;
+    `least_initial`: the same for the least-memory solve, when the budget is infeasible."""
     start = time.perf_counter()
     cap, shrink = ip.budget, 0
     for _ in range(_TOLERANCE_RETRIES + 1):
         built = build("time", cap)
-        res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter())
+        values = built.encode(*initial) if initial is not None and built.encode is not None and cap == ip.budget else None
+        res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), work_limit=WORK_LIMIT,
+                         mip_start=values)
         if res.x is None:
             break
         choice, ckpt = built.extract(res.x)
@@ -75,7 +82,7 @@ def solve_built(ip: IndexedProblem, build: Build, *, solver: str, deadline: floa
         cap = ip.budget - shrink
     base = dict(seconds=0.0, solver=res.solver, method=method)
     if res.status == "infeasible" or res.x is not None:
-        least = least_memory(ip, build, solver=solver, deadline=deadline)
+        least = least_memory(ip, build, solver=solver, deadline=deadline, initial=least_initial)
         base["seconds"] = time.perf_counter() - start
         return infeasible_or_fallback(ip, least, base)
     message = res.message or f"solver status {res.status}"

@@ -71,6 +71,8 @@ class BuiltModel:
     unit: int
     extract: Callable[[np.ndarray], tuple[list[int], list[int]]]
     scale: float = 1.0  # model objective units per second (time mode) or per byte (memory mode)
+    # (choice vector, checkpointed blocks) -> values of the integer variables: a MIP start (None: not offered)
+    encode: Callable[[list[int], list[int]], dict[int, float]] | None = None
 
 
 class IlpBuilder:
@@ -246,7 +248,12 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
         choice = [0 if len(ind) == 1 and ind[0] == ONE else int(np.argmax(x[ind])) for ind in s]
         return choice, [blk for blk, c in enumerate(flags) if x[c] > 0.5]
 
-    return BuiltModel(model, b.unit, extract, b.scale)
+    def encode(choice: list[int], ckpt: list[int]) -> dict[int, float]:
+        values = {int(i): float(k == c) for ind, c in zip(s, choice) if ind[0] != ONE for k, i in enumerate(ind)}
+        values.update({c: float(blk in ckpt) for blk, c in enumerate(flags)})
+        return values
+
+    return BuiltModel(model, b.unit, extract, b.scale, encode)
 
 
 def flat_size(ip: IndexedProblem) -> int:

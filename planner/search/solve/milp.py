@@ -19,7 +19,7 @@ import numpy as np
 
 from cost_models.errors import PlannerError
 
-__all__ = ["NODE_LIMIT", "SolverError", "MilpModel", "MilpResult", "Progress", "solve_milp", "resolve_solver"]
+__all__ = ["NODE_LIMIT", "WORK_LIMIT", "SolverError", "MilpModel", "MilpResult", "Progress", "solve_milp", "resolve_solver"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,13 @@ SOLVERS = ("highs", "cbc")
 # answer does not depend on how busy the machine is (a plan is a function of its inputs); a wall-clock
 # `time_limit` is only applied when the user asks for one.
 NODE_LIMIT = 20_000
+# A node limit does not bound the work on a large model: its root node alone (LP, cut rounds, heuristics)
+# can take minutes (HF T5 on 2x2x2: 152k variables). HiGHS checks for interruption at fixed points of its
+# search (after each cut round, node, heuristic), each costing about one pass over the model, so the work
+# is bounded by allowing WORK_LIMIT / nonzeros such checkpoints (at least _MIN_CHECKS): a count, so the
+# answer is still a function of the model. About 100 checkpoints for an 11k-variable model, 10 for T5's.
+WORK_LIMIT = 4_000_000
+_MIN_CHECKS = 10
 
 
 class SolverError(PlannerError, ValueError):
@@ -48,6 +55,7 @@ class MilpResult:
     solver: str
     message: str = ""
     nodes: int = 0  # branch-and-bound nodes HiGHS explored (0 when unknown)
+    work_limited: bool = False  # the work limit stopped it (solving again with a tighter row costs as much)
 
 
 class MilpModel:
@@ -196,11 +204,15 @@ def resolve_solver(solver: str) -> str:
 def solve_milp(
     model: MilpModel, *, solver: str = "highs", time_limit: float | None = None, rel_gap: float = 1e-9,
     abs_gap: float = 0.0, cutoff: float = np.inf, node_limit: int | None = NODE_LIMIT,
+    work_limit: int | None = None, mip_start: dict[int, float] | None = None,
 ) -> MilpResult:
     """Solve `model` with the named back end ("highs" or "cbc"). `node_limit`: branch-and-bound nodes at
-    most (work, so the answer is reproducible); `time_limit`: seconds (None or inf: none, the default;
-    a finite one makes the answer depend on the machine's speed). `cutoff`: an objective value known to
-    be reachable (HiGHS prunes every branch that cannot beat it)."""
+    most (work, so the answer is reproducible); `work_limit`: with HiGHS, stop after work_limit / nonzeros
+    of its interruption checkpoints (see WORK_LIMIT; None: no such limit); `time_limit`: seconds (None or
+    inf: none, the default; a finite one makes the answer depend on the machine's speed). `cutoff`: an
+    objective value known to be reachable (HiGHS prunes every branch that cannot beat it). `mip_start`:
+    values of (some of) the integer variables of a known solution (a MIP start, HiGHS only; it completes
+    the rest), so a limit that stops the search early still returns at least that solution."""
     name = resolve_solver(solver)
     if model.trivially_infeasible:
         return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, name)
@@ -209,7 +221,7 @@ def solve_milp(
     start = time.perf_counter()
     seconds = None if time_limit is None or not np.isfinite(time_limit) else max(float(time_limit), 0.01)
     if name == "highs":
-        result = _solve_highs(model, seconds, rel_gap, abs_gap, cutoff, node_limit)
+        result = _solve_highs(model, seconds, rel_gap, abs_gap, cutoff, node_limit, work_limit, mip_start)
     else:
         result = _solve_cbc(model, seconds, rel_gap, abs_gap, node_limit)
     result.seconds = time.perf_counter() - start
@@ -245,8 +257,22 @@ def _quiet_highs() -> object:
     return h
 
 
+def _checkpoint_limit(h: object, checks: int) -> list[int]:
+    """Interrupt HiGHS at its `checks`-th interruption checkpoint; returns the counter [checkpoints seen]."""
+    seen = [0]
+
+    def interrupt(event: object) -> None:
+        seen[0] += 1
+        if seen[0] >= checks:
+            event.interrupt()
+
+    h.cbMipInterrupt += interrupt
+    return seen
+
+
 def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs_gap: float, cutoff: float,
-                 node_limit: int | None) -> MilpResult:
+                 node_limit: int | None, work_limit: int | None = None,
+                 mip_start: dict[int, float] | None = None) -> MilpResult:
     import highspy
 
     a = model.arrays()
@@ -271,6 +297,11 @@ def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs
     if np.isfinite(cutoff):
         h.setOptionValue("objective_bound", float(cutoff))
     h.passModel(lp)
+    if mip_start:
+        idx = np.array(sorted(mip_start), dtype=np.int32)
+        h.setSolution(len(idx), idx, np.array([mip_start[i] for i in idx], dtype=float))
+    checks = None if work_limit is None else max(_MIN_CHECKS, work_limit // max(len(a["value"]), 1))
+    seen = _checkpoint_limit(h, checks) if checks is not None else [0]
     h.HandleKeyboardInterrupt = True  # solve in a thread: Ctrl-C works and a progress spinner keeps turning
     h.solve()
     status = h.getModelStatus()
@@ -285,10 +316,13 @@ def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs
     if status == S.kInfeasible or (status == S.kObjectiveBound and not has_x):  # nothing beats the cutoff
         return MilpResult("infeasible", None, np.nan, bound, np.nan, 0.0, "highs", nodes=nodes)
     reason = h.modelStatusToString(status)
+    limited = checks is not None and seen[0] >= checks
+    if limited:
+        reason = f"work limit ({checks} solver checkpoints for {len(a['value'])} nonzeros)"
     if has_x:
-        return MilpResult("feasible", x, obj, bound, gap, 0.0, "highs", f"HiGHS stopped: {reason}", nodes)
+        return MilpResult("feasible", x, obj, bound, gap, 0.0, "highs", f"HiGHS stopped: {reason}", nodes, limited)
     return MilpResult("error", None, np.nan, bound, np.nan, 0.0, "highs", f"HiGHS stopped without a solution: {reason}",
-                      nodes)
+                      nodes, limited)
 
 
 def _solve_cbc(model: MilpModel, time_limit: float | None, rel_gap: float, abs_gap: float,

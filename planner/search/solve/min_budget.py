@@ -2,7 +2,9 @@
 
 Peaks are whole bytes, so a minimum is proven when the solver's lower bound is within half a byte of the
 re-evaluated peak of its best assignment. When the bound does not prove it (a time limit, tolerances),
-the budget "one byte less" is tried until it is infeasible (at most _STEPS times: a count, not seconds).
+the budget "one byte less" is tried until it is infeasible (at most _STEPS times: a count, not seconds),
+unless the work limit stopped the first solve (each try would cost as much: the answer is then an upper
+bound, and says so).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.ilp import BuiltModel
 from planner.search.solve.indexed import IndexedProblem
-from planner.search.solve.milp import solve_milp
+from planner.search.solve.milp import WORK_LIMIT, solve_milp
 
 __all__ = ["LeastMemory", "least_memory"]
 
@@ -33,11 +35,15 @@ class LeastMemory:
     message: str = ""
 
 
-def least_memory(ip: IndexedProblem, build: Build, *, solver: str, deadline: float) -> LeastMemory:
-    """Minimise peak memory over all assignments with the models `build("memory", cap)` gives."""
+def least_memory(ip: IndexedProblem, build: Build, *, solver: str, deadline: float,
+                 initial: tuple[list[int], list[int]] | None = None) -> LeastMemory:
+    """Minimise peak memory over all assignments with the models `build("memory", cap)` gives; `initial`
+    (choice vector, checkpointed blocks): an assignment to start from, where the model takes a start."""
     built = build("memory", None)
+    start = built.encode(*initial) if initial is not None and built.encode is not None else None
     res = solve_milp(
-        built.model, solver=solver, time_limit=deadline - time.perf_counter(), rel_gap=0.0, abs_gap=0.25 / built.unit
+        built.model, solver=solver, time_limit=deadline - time.perf_counter(), rel_gap=0.0, abs_gap=0.25 / built.unit,
+        work_limit=WORK_LIMIT, mip_start=start,
     )
     if res.x is None:
         return LeastMemory(None, [], [], False, f"least-memory solve failed: {res.status} {res.message}".strip())
@@ -45,11 +51,11 @@ def least_memory(ip: IndexedProblem, build: Build, *, solver: str, deadline: flo
     peak = evaluate_indexed(ip, choice, ckpt)[1]
     proven = res.status == "optimal" and res.bound * built.unit >= peak - 0.5
     for _ in range(_STEPS):
-        if proven or time.perf_counter() > deadline:
+        if proven or res.work_limited or time.perf_counter() > deadline:
             break
         built = build("memory", peak - 1)
         res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), rel_gap=0.0,
-                         abs_gap=0.25 / built.unit)
+                         abs_gap=0.25 / built.unit, work_limit=WORK_LIMIT)
         if res.status == "infeasible":
             proven = True
         elif res.x is not None:

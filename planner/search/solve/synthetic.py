@@ -12,7 +12,7 @@ import numpy as np
 
 from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode
 
-__all__ = ["random_problem", "repeated_blocks", "all_fastest_peak"]
+__all__ = ["random_problem", "repeated_blocks", "encoder_decoder", "all_fastest_peak"]
 
 
 def _choices(rng: np.random.Generator, n: int, mem: int = 1000) -> list[Choice]:
@@ -94,6 +94,43 @@ def repeated_blocks(
     nodes.append(ProblemNode("head", _choices(rng, choices, mem)))
     edges.append(ProblemEdge(prev, "head", _matrix(rng, choices, choices), np.zeros((choices, choices))))
     problem = Problem(nodes, edges, blocks, 0, checkpointing)
+    problem.budget_bytes = int(budget_fraction * all_fastest_peak(problem))
+    return problem
+
+
+def encoder_decoder(
+    rng: np.random.Generator, *, enc_blocks: int = 1, dec_blocks: int = 2, block_nodes: int = 2, choices: int = 3,
+    budget_fraction: float = 0.55, mem: int = 1000,
+) -> Problem:
+    """The shape of T5: embed -> encoder blocks -> `memory` (the encoder output), then decoder blocks whose
+    first node reads the previous block and whose last node also reads `memory` (cross-attention), so
+    each decoder block has two input nodes and the blocks do not decompose. Costs are random per node;
+    budget: `budget_fraction` of the all-fastest assignment's peak."""
+    nodes = [ProblemNode("embed", _choices(rng, choices, mem))]
+    edges: list[ProblemEdge] = []
+    blocks: list[Block] = []
+
+    def chain(prefix: str, count: int, prev: str, cross: str | None) -> str:
+        for k in range(count):
+            name = f"{prefix}{k}"
+            names = [f"{name}.op{i}" for i in range(block_nodes)]
+            nodes.extend(ProblemNode(n, _choices(rng, choices, mem), block=name) for n in names)
+            links = [(prev, names[0])] + list(zip(names, names[1:])) + ([(cross, names[-1])] if cross else [])
+            for src, dst in links:
+                cost = _matrix(rng, choices, choices)
+                edges.append(ProblemEdge(src, dst, cost, cost * 0.4))
+            input_bytes = [int(x) for x in rng.integers(mem // 10, mem // 2, size=choices)]
+            blocks.append(Block(name, names, prev, input_bytes))
+            prev = names[-1]
+        return prev
+
+    last = chain("enc", enc_blocks, "embed", None)
+    nodes.append(ProblemNode("memory", _choices(rng, choices, mem)))
+    edges.append(ProblemEdge(last, "memory", _matrix(rng, choices, choices), np.zeros((choices, choices))))
+    last = chain("dec", dec_blocks, "memory", "memory")
+    nodes.append(ProblemNode("head", _choices(rng, choices, mem)))
+    edges.append(ProblemEdge(last, "head", _matrix(rng, choices, choices), np.zeros((choices, choices))))
+    problem = Problem(nodes, edges, blocks, 0)
     problem.budget_bytes = int(budget_fraction * all_fastest_peak(problem))
     return problem
 
