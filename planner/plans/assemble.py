@@ -26,11 +26,14 @@ from planner.plans.format import (
     Redistribution,
     SolverInfo,
 )
+from planner.plans.grad_buffers import gradient_buffers
 from planner.search.build import BuiltProblem, _out_layout
 from planner.search.solve import Solution
 from planner.trace.graph import ModelGraph
 
 __all__ = ["assemble_plan"]
+
+_GRAD_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def _forward_bytes(cost) -> int:
@@ -105,6 +108,45 @@ def _state_moves(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -
         moves[home] = moves.get(home, 0) - n
         moves[last] = moves.get(last, 0) + n
     return moves
+
+
+def _gradient_bytes(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int],
+                    flows: dict[str, bool]) -> dict[str, int]:
+    """Op name -> bytes of the gradient of its output on this rank (the layout it produces), for the
+    single-output ops whose floating-point output carries a gradient (what `gradient_buffers` tracks)."""
+    out: dict[str, int] = {}
+    for op in graph.nodes:
+        if not flows[op.name] or len(op.outputs) != 1 or op.kind in ("input", "output") \
+                or op.out.dtype not in _GRAD_DTYPES:
+            continue
+        lay = built.strategies[op.name][pick[op.name]].outputs[0]
+        out[op.name] = lay.local_numel(op.out.shape, built.mesh) * op.out.itemsize
+    return out
+
+
+def _passthrough(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int], alias: dict[str, str]) -> dict[str, str]:
+    """Tensor -> its last reader, when that reader hands its output's gradient back to it unchanged (the
+    same storage): an add without broadcasting and with no conversion on the edge, or an identity
+    dropout (see `gradient_buffers`)."""
+    last: dict[str, OpNode] = {}
+    for op in graph.nodes:
+        if op.kind != "output":
+            for src in op.inputs:
+                last[src] = op
+    out: dict[str, str] = {}
+    nodes = {n.name: n for n in graph.nodes}
+    for src, op in last.items():
+        if op.name in alias:
+            out[src] = op.name
+            continue
+        if op.kind != "elementwise" or op.attrs.get("fn") != "add":
+            continue
+        strat = built.strategies[op.name][pick[op.name]]
+        arg = op.inputs.index(src)
+        if src in nodes and op.input_meta[arg].shape == op.out.shape and arg < len(strat.inputs) \
+                and strat.inputs[arg] == _out_layout(built.strategies[src][pick[src]], nodes[src], op):
+            out[src] = op.name
+    return out
 
 
 def _output_working_set(op: OpNode, strat: Strategy, built: BuiltProblem, pick: dict[str, int],
@@ -222,20 +264,24 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             lay = built.strategies[op.name][pick[op.name]].outputs[0]
             waiting[op.block] = lay.local_numel(op.out.shape, mesh) * op.out.itemsize
     moved = _state_moves(graph, built, pick)
+    # In a checkpointed block's backward, recomputed activations are alive together with the working
+    # set of the op (or the conversion into it) being differentiated.
+    # The recomputation runs when the backward first needs one of the block's saved tensors, so the
+    # gradient that arrived there waits through it (waiting[block]).
+    own = [max(built.costs[op.name][pick[op.name]].transient_bytes, edge_ws.get(op.name, 0))
+           + (recomputed_upto.get(op.name, 0) + waiting.get(op.block, 0) if in_ckpt[op.name] else 0)
+           for op in graph.nodes]
+    # ... and the activation gradients autograd holds beside that working set (planner.plans.grad_buffers)
+    transients = gradient_buffers(graph.nodes, _gradient_bytes(graph, built, pick, flows), own,
+                                  _passthrough(graph, built, pick, alias))
     assignments: list[Assignment] = []
     per_op: list[OpPrediction] = []
-    for op in graph.nodes:
+    for op, transient in zip(graph.nodes, transients):
         strat = built.strategies[op.name][pick[op.name]]
         cost = built.costs[op.name][pick[op.name]]
         r_secs, r_fwd, r_bytes, r_fwd_bytes = into.get(op.name, (0.0, 0.0, 0, 0))
         ck = in_ckpt[op.name]
         saved = kept.get(op.name, 0) if ck else op_saved[op.name]
-        # In a checkpointed block's backward, recomputed activations are alive together with the working
-        # set of the op (or the conversion into it) being differentiated.
-        # The recomputation runs when the backward first needs one of the block's saved tensors, so the
-        # gradient that arrived there waits through it (waiting[block]).
-        transient = max(cost.transient_bytes, edge_ws.get(op.name, 0)) + \
-            (recomputed_upto.get(op.name, 0) + waiting.get(op.block, 0) if ck else 0)
         recompute = (cost.recompute_s + r_fwd) if ck else 0.0
         ac = AssignmentCost(state_bytes=cost.state_bytes + moved.get(op.name, 0) * bytes_per_param, saved_bytes=saved,
                             transient_bytes=transient, compute_s=cost.compute_s, comm_s=cost.comm_s,
