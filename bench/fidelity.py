@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# this checkout's packages first (an editable install of another checkout must not answer), then tests/
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 
 import zoo  # noqa: E402
 from distributed import run_ranks  # noqa: E402

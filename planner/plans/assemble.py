@@ -27,6 +27,7 @@ from planner.plans.format import (
     SolverInfo,
 )
 from planner.plans.grad_buffers import gradient_buffers
+from planner.plans.storage import storage_bases
 from planner.search.build import BuiltProblem, _out_layout
 from planner.search.solve import Solution
 from planner.trace.graph import ModelGraph
@@ -57,9 +58,17 @@ def _identity_aliases(graph: ModelGraph) -> dict[str, str]:
     return alias
 
 
-def _canonical_key(key: str, alias: dict[str, str]) -> str:
+def _base_key(key: str, nbytes: int, bases: dict[str, str], graph: ModelGraph, built: BuiltProblem,
+              pick: dict[str, int]) -> tuple[str, int]:
+    """The key and bytes a saved tensor counts under: a view of another op's output (`storage_bases`)
+    keeps that output's whole storage, so it counts as that output (once, at its full size)."""
     head, sep, rest = key.partition(":")
-    return alias.get(head, head) + sep + rest
+    base = bases.get(head)
+    if base is None or not rest.startswith("["):  # not a tensor as it flows ("<op>:<what>:..." copies)
+        return key, nbytes
+    node = graph.node(base)
+    lay = built.strategies[base][pick[base]].outputs[0]
+    return tensor_key(base, lay), max(nbytes, lay.local_numel(node.out.shape, built.mesh) * node.out.itemsize)
 
 
 def _tied_copies(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -> dict[str, int]:
@@ -221,16 +230,22 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     seen_keys: set[str] = set()
     op_saved: dict[str, int] = {}
     alias = _identity_aliases(graph)
+    bases = storage_bases(graph, built, pick)
     for op in graph.nodes:
         cost = built.costs[op.name][pick[op.name]]
         fresh = 0
         copies = own_copy.get(op.name, {})
         for t in cost.saved:
-            key = f"{t.key}@{op.name}" if t.key in copies else _canonical_key(t.key, alias)
+            nbytes = t.bytes
+            if t.key in copies:
+                key = f"{t.key}@{op.name}"
+                # a converted copy is saved whole, even where the rule prices a view (repeat_kv's k/v)
+                nbytes = max(t.bytes, copies[t.key])
+            else:
+                key, nbytes = _base_key(t.key, t.bytes, bases, graph, built, pick)
             if key not in seen_keys:
                 seen_keys.add(key)
-                # a converted copy is saved whole, even where the rule prices a view (repeat_kv's k/v)
-                fresh += max(t.bytes, copies.get(t.key, 0))
+                fresh += nbytes
         op_saved[op.name] = fresh + tied_copy.get(op.name, 0)
         if in_ckpt[op.name]:
             block_saved[op.block] = block_saved.get(op.block, 0) + fresh
