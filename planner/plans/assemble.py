@@ -233,7 +233,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     bases = storage_bases(graph, built, pick)
     for op in graph.nodes:
         cost = built.costs[op.name][pick[op.name]]
-        fresh = 0
+        fresh = outside = 0
         copies = own_copy.get(op.name, {})
         for t in cost.saved:
             nbytes = t.bytes
@@ -246,9 +246,14 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             if key not in seen_keys:
                 seen_keys.add(key)
                 fresh += nbytes
+                head, _, rest = key.partition(":")
+                if rest.startswith("[") and head in nodes and nodes[head].block != op.block:
+                    outside += nbytes
         op_saved[op.name] = fresh + tied_copy.get(op.name, 0)
         if in_ckpt[op.name]:
-            block_saved[op.block] = block_saved.get(op.block, 0) + fresh
+            # a tensor from outside the block is one of its kept inputs: its recomputation saves that
+            # same storage again (layer norm saving the block's input), nothing new
+            block_saved[op.block] = block_saved.get(op.block, 0) + fresh - outside
             recomputed_upto[op.name] = block_saved[op.block]
 
     # A checkpointed block keeps its inputs (every tensor from outside it that its ops read, e.g. the hidden
