@@ -278,22 +278,24 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     # in the block that saves anything (the first the backward reaches that unpacks a saved tensor), in the
     # layout that op produces it. Measured: 524,288 B on a 1d gpt-tiny rank (the replicated (32, 64, 64)
     # gradient of the MLP projection's output, gathered back from the sequence split).
-    waiting: dict[str, int] = {}
+    waiting: dict[str, tuple[str, int]] = {}  # block -> (that op, the gradient's bytes)
     for op in graph.nodes:
         if in_ckpt[op.name] and op_saved[op.name]:
             lay = built.strategies[op.name][pick[op.name]].outputs[0]
-            waiting[op.block] = lay.local_numel(op.out.shape, mesh) * op.out.itemsize
+            waiting[op.block] = (op.name, lay.local_numel(op.out.shape, mesh) * op.out.itemsize)
     moved = _state_moves(graph, built, pick)
     # In a checkpointed block's backward, recomputed activations are alive together with the working
     # set of the op (or the conversion into it) being differentiated.
     # The recomputation runs when the backward first needs one of the block's saved tensors, so the
     # gradient that arrived there waits through it (waiting[block]).
     own = [max(built.costs[op.name][pick[op.name]].transient_bytes, edge_ws.get(op.name, 0))
-           + (recomputed_upto.get(op.name, 0) + waiting.get(op.block, 0) if in_ckpt[op.name] else 0)
+           + (recomputed_upto.get(op.name, 0) if in_ckpt[op.name] else 0)
            for op in graph.nodes]
     # ... and the activation gradients autograd holds beside that working set (planner.plans.grad_buffers)
+    # (the block's waiting gradient among them, once: it may be the residual gradient counted already)
+    also = [waiting.get(op.block) if in_ckpt[op.name] else None for op in graph.nodes]
     transients = gradient_buffers(graph.nodes, _gradient_bytes(graph, built, pick, flows), own,
-                                  _passthrough(graph, built, pick, alias))
+                                  _passthrough(graph, built, pick, alias), also)
     assignments: list[Assignment] = []
     per_op: list[OpPrediction] = []
     for op, transient in zip(graph.nodes, transients):
