@@ -283,14 +283,13 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     # The recomputation runs when the backward first needs one of the block's saved tensors, so the
     # gradient that arrived there waits through it (waiting[block]).
     own = [max(built.costs[op.name][pick[op.name]].transient_bytes, edge_ws.get(op.name, 0))
-           + (recomputed_upto.get(op.name, 0) + waiting.get(op.block, ("", 0))[1] if in_ckpt[op.name] else 0)
+           + (recomputed_upto.get(op.name, 0) if in_ckpt[op.name] else 0)
            for op in graph.nodes]
     # ... and the activation gradients autograd holds beside that working set (planner.plans.grad_buffers)
-    # (the block's waiting gradient is counted beside them even where it may share a storage with one:
-    # deduplicating it under-predicted gpt-tiny 3d checkpointed by 8.5 %, where a conversion on the way
-    # makes a copy the passthrough map does not see)
+    # (the block's waiting gradient among them, once: it may be the residual gradient counted already)
+    also = [waiting.get(op.block) if in_ckpt[op.name] else None for op in graph.nodes]
     transients = gradient_buffers(graph.nodes, _gradient_bytes(graph, built, pick, flows), own,
-                                  _passthrough(graph, built, pick, alias))
+                                  _passthrough(graph, built, pick, alias), also)
     assignments: list[Assignment] = []
     per_op: list[OpPrediction] = []
     for op, transient in zip(graph.nodes, transients):

@@ -49,7 +49,8 @@ def _root(name: str, passthrough: dict[str, str]) -> str:
 
 
 def gradient_buffers(nodes: Sequence[OpNode], grad_bytes: dict[str, int], own_transient: Sequence[int],
-                     passthrough: dict[str, str] | None = None) -> list[int]:
+                     passthrough: dict[str, str] | None = None,
+                     also: Sequence[tuple[str, int] | None] | None = None) -> list[int]:
     """Per op (forward order): the bytes alive at its backward, its working set included: its own
     transient `own_transient[i]` plus the open gradient buffers of its inputs (a later op read them too),
     or those buffers plus one input's contribution and its sum, whichever is larger, plus every waiting
@@ -62,6 +63,9 @@ def gradient_buffers(nodes: Sequence[OpNode], grad_bytes: dict[str, int], own_tr
     hands that gradient on unchanged (an add without broadcasting returns its output's gradient to both
     inputs; an identity dropout returns it as is): the two count once, and not at all beside the op
     whose own output's gradient it is (the op's working set prices that).
+    also: per op, one more gradient alive there (the output gradient of op `name`, `nbytes`): a
+    checkpointed block's gradient waiting through its recomputation; counted unless its storage is
+    counted already (the op's own output gradient, an open buffer, a waiting gradient).
     """
     passthrough = passthrough or {}
     readers = _readers(nodes)
@@ -88,6 +92,9 @@ def gradient_buffers(nodes: Sequence[OpNode], grad_bytes: dict[str, int], own_tr
         work = max(own_transient[i] + opened, opened + 2 * max(mine.values(), default=0))
         skip = set(mine) | {_root(op.name, passthrough)}
         waiting = sum(nbytes for r, (_, nbytes) in alive.items() if r not in skip)
+        extra = also[i] if also is not None else None
+        if extra is not None and _root(extra[0], passthrough) not in skip | set(alive):
+            waiting += extra[1]
         out.append(waiting + work)
         for name in ends.get(i, ()):
             r = _root(name, passthrough)
