@@ -1,7 +1,10 @@
 """Prediction fidelity: predicted against measured communication, saved activations and peak memory.
 
-    python bench/fidelity.py                          # gpt-tiny (batch 32, seq 64), hf-gpt2, hf-llama, every scheme
+    python bench/fidelity.py                          # every model below, every scheme
     python bench/fidelity.py --model gpt-tiny --no-checkpoint
+
+Models: the built-in gpt-tiny (batch 32, seq 64), hf-gpt2 and hf-llama (planner.models.loading), and the
+zoo's hf-bert, hf-vit and hf-opt (tests/zoo: models this project did not write).
 
 For each model, every uniform scheme (replicate, fsdp, 1d, 2d, 3d, 3d_allreduce) and the rule-picked mixed
 plan, each without and with every block checkpointed, on 8 forked gloo ranks of this CPU machine: the
@@ -21,19 +24,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# this checkout's packages first (an editable install of another checkout must not answer), then tests/
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 
+import zoo  # noqa: E402
 from distributed import run_ranks  # noqa: E402
 from fidelity_cases import SCHEMES, make_plans, measure_rank  # noqa: E402
 
 from planner.models.loading import get_example  # noqa: E402
 from planner.trace.tracer import capture  # noqa: E402
 
-MODELS = {"gpt-tiny": {"batch_size": 32, "seq_len": 64}, "hf-gpt2": {}, "hf-llama": {}}
+# name -> overrides of its builder; ZOO_MODELS are built by tests/zoo, the others by get_example
+MODELS = {"gpt-tiny": {"batch_size": 32, "seq_len": 64}, "hf-gpt2": {}, "hf-llama": {},
+          "hf-bert": {}, "hf-vit": {}, "hf-opt": {}}
+ZOO_MODELS = ("hf-bert", "hf-vit", "hf-opt")
 
 
 def _build(name: str) -> Any:
-    ex = get_example(name, device="cpu", **MODELS[name])
+    ex = zoo.build(name, **MODELS[name]) if name in ZOO_MODELS else get_example(name, device="cpu", **MODELS[name])
     return ex.model, ex.example_inputs
 
 

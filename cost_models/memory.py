@@ -5,7 +5,9 @@
     saved          = the tensors autograd keeps for backward, each counted once by its key
     transient      = the largest set of temporary buffers alive together while one op or one layout
                      conversion runs, forward or backward (gathered buffers, collective staging, the
-                     gradients flowing in and out of it): its working set beyond what is saved
+                     gradients flowing in and out of it): its working set beyond what is saved; the
+                     plan's accounting adds the activation gradients autograd holds beside it (waiting
+                     residual gradients, accumulation buffers: `planner.plans.grad_buffers`)
     peak           = the most, over the points of one training step, of what is alive there (`step_peak`)
                   <= model states + saved + max transient (the bound the solver's constraint uses)
 

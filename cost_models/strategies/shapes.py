@@ -135,6 +135,18 @@ def _getitem_call(call: Call) -> dict[str, Any]:
     return {"index": call.args[1]}
 
 
+def _indexing_usage(op: OpNode, mesh: Mesh, lay: Layout, o_lay: Layout) -> Usage:
+    """Indexing a tensor (x[i], select, slice) moves no data forward; its backward (select_backward,
+    slice_backward) writes the output's gradient into a zero-filled gradient of the whole input: both
+    alive at once."""
+    x, out = op.input_meta[0], op.out
+    if x.dtype not in ("float16", "bfloat16", "float32", "float64"):
+        return Usage(mesh, dtype=out.dtype)
+    u = Usage(mesh, dtype=out.dtype)
+    u.temp(local_bytes(x, lay, mesh) + local_bytes(out, o_lay, mesh))
+    return u
+
+
 @op_family("getitem", ops=("getitem", "slice", "select"), classify=_getitem_call)
 def getitem_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> Iterator[Offer | str]:
     """Item `index` (an int) of a multi-output op, whose candidates are those of that output: identity.
@@ -151,7 +163,7 @@ def getitem_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) ->
             continue
         if mapping is None or len(mapping) != len(out.shape) or lay.partial:
             rep_in, rep_out = Layout.replicated(len(x.shape)), Layout.replicated(len(out.shape))
-            yield Strategy("follow", (rep_in,), (rep_out,)), Usage(mesh, dtype=out.dtype)
+            yield Strategy("follow", (rep_in,), (rep_out,)), _indexing_usage(op, mesh, rep_in, rep_out)
             continue
         kept = {d: od for od, d in enumerate(mapping) if d is not None}
         bad = [d for d in range(len(x.shape)) if lay.dims[d] and (d not in kept or x.shape[d] != out.shape[kept[d]])]
@@ -160,5 +172,5 @@ def getitem_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) ->
             continue
         dims = tuple(lay.dims[d] if d is not None else () for d in mapping)
         last_kept = bool(mapping) and mapping[-1] == len(x.shape) - 1 and bool(dims[-1])
-        yield Strategy("follow", (lay,), (Layout(dims, interleave=lay.interleave if last_kept else 1),)), \
-            Usage(mesh, dtype=out.dtype)
+        o_lay = Layout(dims, interleave=lay.interleave if last_kept else 1)
+        yield Strategy("follow", (lay,), (o_lay,)), _indexing_usage(op, mesh, lay, o_lay)

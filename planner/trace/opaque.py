@@ -28,12 +28,15 @@ import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from cost_models.family import families
 from cost_models.ops import TensorMeta
 
 __all__ = ["module_opaque_attrs", "call_opaque_attrs"]
 
 _BATCH_FIRST_ALWAYS = (nn.modules.conv._ConvNd, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm)
 _RNNS = (nn.RNN, nn.LSTM, nn.GRU)
+# op kinds whose autograd saves no tensor: views, their copies and concatenation (sizes only)
+_SAVE_NOTHING = ("reshape", "permute", "expand", "getitem", "split", "contiguous", "cat")
 
 
 def _batch_dims(m: nn.Module, in_meta: list[TensorMeta], out_meta: list[TensorMeta]
@@ -150,7 +153,7 @@ def call_opaque_attrs(name: str, kind: str, in_meta: list[TensorMeta], out_meta:
     """The attrs of an opaque op that is a function call reading parameters (e.g. a multiply by a norm
     scale), classified as `kind` (with `family_attrs`) before: batch dims unknown, except for an
     element-wise op whose parameters broadcast over the leading dim of every tensor (x * scale): dim 0.
-    Saved bytes: what the element-wise family's classifier says it saves (`saves`, `saves_output`: the
+    Saved bytes: none for shape ops (`_SAVE_NOTHING`); what the element-wise family's classifier says it saves (`saves`, `saves_output`: the
     activation inputs and the output autograd keeps; T5LayerNorm's `weight * x` keeps x), else
     conservatively every floating input and every output."""
     attrs: dict[str, Any] = {"module": name, "batch_dims": None, "out_batch_dims": None,
@@ -161,7 +164,11 @@ def call_opaque_attrs(name: str, kind: str, in_meta: list[TensorMeta], out_meta:
             and all(len(x.shape) == nd and x.shape[0] == out_meta[0].shape[0] for x in in_meta)):
         attrs.update(batch_dims=tuple(0 for _ in in_meta), out_batch_dims=(0,), batch_note="")
     fam = family_attrs or {}
-    if kind == "elementwise" and "saves" in fam:
+    # shape ops save nothing, their backward needs sizes only (ViT's cls_token.expand(B, -1, -1), which
+    # its family's classifier declines for a parameter input: its op name says what it is)
+    if kind in _SAVE_NOTHING or any(f.kind in _SAVE_NOTHING and name in f.ops for f in families()):
+        attrs.update(saved_inputs=(), saved_source="rule", saved_bytes=0)
+    elif kind == "elementwise" and "saves" in fam:
         attrs.update(saved_inputs=tuple(fam["saves"]), saved_source="rule",
                      saved_bytes=sum(o.nbytes for o in out_meta) if fam.get("saves_output") else 0)
     else:

@@ -1,0 +1,104 @@
+"""Activation gradients that autograd holds beyond the working set of the op it is differentiating.
+
+The backward runs the ops in reverse. The gradient of a tensor exists from the backward of its last
+consumer (the first the backward reaches) until the backward of its producer; each op's rule prices
+only the gradients flowing into and out of it. Two kinds of gradient are alive beside those:
+
+* waiting: while the backward differentiates op i, the gradient of every tensor produced before i and
+  read by some op after i, where i itself does not read it: a residual stream's gradient while the
+  branch beside it runs backward, the gradient of q from `qkv[0]` while `qkv[1]` and `qkv[2]` are
+  differentiated.
+* accumulation: when op i reads a tensor that an op after i reads too, autograd already holds that
+  tensor's gradient buffer, and adds op i's contribution into a new tensor (buffer, contribution and
+  sum alive at once). Measured on torch's TransformerEncoderLayer (8 gloo ranks, 3d_allreduce q/k/v
+  projection): the three `select` ops on the packed (3, 16, 8, 64) q/k/v each build a zero-filled
+  gradient of that size, and the second's sum with the first makes three such tensors alive together
+  (294,912 B) beside the waiting q gradient and the residual stream's gradient (32,768 B each).
+
+`gradient_buffers` gives, per op, the bytes alive beyond its own working set at its backward; the plan's
+accounting (`planner.plans.assemble`) adds them to the op's transient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cost_models.ops import OpNode
+
+__all__ = ["gradient_buffers"]
+
+def _readers(nodes: Sequence[OpNode]) -> dict[str, list[int]]:
+    """Producer name -> forward indices of the ops that read its output and send a gradient back (the
+    graph's output node does not: the loss's gradient comes from outside)."""
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(nodes):
+        if op.kind == "output":
+            continue
+        for src in dict.fromkeys(op.inputs):
+            readers.setdefault(src, []).append(i)
+    return readers
+
+
+def _root(name: str, passthrough: dict[str, str]) -> str:
+    """The tensor whose gradient storage `name`'s gradient is (itself unless passed through)."""
+    seen = set()
+    while name in passthrough and name not in seen:
+        seen.add(name)
+        name = passthrough[name]
+    return name
+
+
+def gradient_buffers(nodes: Sequence[OpNode], grad_bytes: dict[str, int], own_transient: Sequence[int],
+                     passthrough: dict[str, str] | None = None,
+                     also: Sequence[tuple[str, int] | None] | None = None) -> list[int]:
+    """Per op (forward order): the bytes alive at its backward, its working set included: its own
+    transient `own_transient[i]` plus the open gradient buffers of its inputs (a later op read them too),
+    or those buffers plus one input's contribution and its sum, whichever is larger, plus every waiting
+    gradient (see the module docstring).
+
+    grad_bytes: producer name -> bytes of the gradient of its output on this rank (in the layout it
+    produces), for single-output ops whose output carries a gradient; others are not tracked (a
+    multi-output op, e.g. split, prices its parts' gradients itself).
+    passthrough: tensor -> the op whose output's gradient storage its gradient is, when its last reader
+    hands that gradient on unchanged (an add without broadcasting returns its output's gradient to both
+    inputs; an identity dropout returns it as is): the two count once, and not at all beside the op
+    whose own output's gradient it is (the op's working set prices that).
+    also: per op, one more gradient alive there (the output gradient of op `name`, `nbytes`): a
+    checkpointed block's gradient waiting through its recomputation; counted unless its storage is
+    counted already (the op's own output gradient, an open buffer, a waiting gradient).
+    """
+    passthrough = passthrough or {}
+    readers = _readers(nodes)
+    index = {op.name: i for i, op in enumerate(nodes)}
+    # tensors waiting at op i: produced before i and last read after i (a sweep over the forward order)
+    starts: dict[int, list[str]] = {}
+    ends: dict[int, list[str]] = {}
+    for name in grad_bytes:
+        users = readers.get(name)
+        if not users or name not in index or index[name] + 1 > max(users) - 1:
+            continue
+        starts.setdefault(index[name] + 1, []).append(name)
+        ends.setdefault(max(users) - 1, []).append(name)
+    alive: dict[str, list[int]] = {}  # root -> [how many waiting tensors share it, their gradient's bytes]
+    out: list[int] = []
+    for i, op in enumerate(nodes):
+        for name in starts.get(i, ()):
+            r = _root(name, passthrough)
+            alive.setdefault(r, [0, grad_bytes[name]])[0] += 1
+        # the open buffers of the op's own inputs (a later op read them too)
+        mine = {_root(src, passthrough): grad_bytes[src] for src in dict.fromkeys(op.inputs)
+                if src in grad_bytes and max(readers.get(src, [i])) > i}
+        opened = sum(mine.values())
+        work = max(own_transient[i] + opened, opened + 2 * max(mine.values(), default=0))
+        skip = set(mine) | {_root(op.name, passthrough)}
+        waiting = sum(nbytes for r, (_, nbytes) in alive.items() if r not in skip)
+        extra = also[i] if also is not None else None
+        if extra is not None and _root(extra[0], passthrough) not in skip | set(alive):
+            waiting += extra[1]
+        out.append(waiting + work)
+        for name in ends.get(i, ()):
+            r = _root(name, passthrough)
+            alive[r][0] -= 1
+            if not alive[r][0]:
+                del alive[r]
+    return out
