@@ -5,7 +5,7 @@ and compared with the dense model (two AdamW steps).
     python bench/llama_acceptance.py                      # hf-llama, hf-mistral, hf-qwen2, hf-gpt-neox, titan-llama
     python bench/llama_acceptance.py --model hf-llama --schemes 3d mixed
 
-Per plan: pass/fail of tests/test_apply_llama.py's `check` (loss, gradients and parameters within 1e-5,
+Per plan: pass/fail of tests/llama_cases.py's `check` (loss, gradients and parameters within 1e-5,
 measured collective bytes per (kind, phase) equal to the predicted, saved activations within 5 %, no
 family op left replicated), the total collective bytes measured and predicted, the saved activation
 bytes measured and predicted, and the ops that ran replicated ('other').
@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]  # this checkout first
 
-from test_apply_llama import LLAMAS, check, run_cases  # noqa: E402
+from llama_cases import LLAMAS, check, run_cases  # noqa: E402
 from zoo import ZOO  # noqa: E402
 
 

@@ -18,80 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from apply_checks import compare_with_dense, dense_reference
-from apply_plans import HARDWARE, uniform_plan
-from distributed import run_ranks
-from zoo import ZOO, build
+from apply_plans import uniform_plan
+from llama_cases import FAMILY_OPS, LLAMAS, builder, check, run_cases
+from zoo import ZOO
 
-from cost_models.mesh import Mesh
-from planner.api import plan
 from planner.plans.format import Plan
-from planner.trace.graph import ModelGraph
 from planner.trace.tracer import capture
 
 pytestmark = pytest.mark.distributed
-
-TOL = 1e-5
-STEPS = 2
-LLAMAS = ("hf-llama", "hf-mistral", "hf-qwen2", "hf-gpt-neox", "titan-llama")
-# What may run without a strategy: mask and position-id arithmetic on integers, buffers, label padding.
-_FAMILY_OPS = ("scaled_dot_product_attention", "rms_norm", "cat", "stack", "expand", "view_as", "type_as",
-               "silu", "split", "chunk", "pow", "rsqrt", "mul", "linear", "layer_norm", "embedding")
-
-
-def _builder(name: str) -> Any:
-    def make() -> tuple[Any, Any]:
-        ex = build(name)
-        return ex.model, ex.example_inputs
-    return make
-
-
-def forced_plan(graph: ModelGraph) -> Plan:
-    """The planner's own plan on 8 ranks in a row at half the replicated plan's peak (so something must be
-    sharded; one mesh shape keeps the solve short on 2 busy cores)."""
-    budget = uniform_plan(graph, "replicate").predicted.peak_memory_bytes // 2
-    return plan(graph, budget, world_size=8, hardware=HARDWARE, device="cpu", meshes=[Mesh((8,))])
-
-
-def _plans(cases: dict[str, tuple[str, ...]]) -> dict[tuple[str, str], Plan]:
-    out = {}
-    for name, schemes in cases.items():
-        model, inputs = _builder(name)()
-        graph = capture(model, inputs)
-        for s in schemes:
-            out[(name, s)] = forced_plan(graph) if s == "mixed" else uniform_plan(graph, s)
-    return out
-
-
-def _ranks(rank: int, plans: dict[tuple[str, str], Plan], refs: dict[str, Any]) -> dict[tuple[str, str], Any]:
-    return {key: compare_with_dense(_builder(key[0]), p, refs[key[0]]) for key, p in plans.items()}
-
-
-def run_cases(cases: dict[str, tuple[str, ...]]) -> dict[tuple[str, str], dict[str, Any]]:
-    plans = _plans(cases)
-    refs = {name: dense_reference(_builder(name), STEPS) for name in cases}
-    per_rank = run_ranks(_ranks, 8, timeout_s=900, args=(plans, refs))
-    return {key: {**per_rank[0][key], "plan": plans[key]} for key in plans}
-
-
-def check(key: tuple[str, str], r: dict[str, Any]) -> None:
-    dense, parallel = r["loss"]
-    assert abs(parallel - dense) <= TOL * abs(dense), key
-    assert r["grad_error"] <= TOL, f"{key}: {r['worst_grad']} off by {r['grad_error']:.2e}"
-    assert r["grads_compared"] > 0
-    for d, p in r["step_losses"]:
-        assert abs(p - d) <= TOL * abs(d), (key, r["step_losses"])
-    assert r["state_keys_equal"] and r["nonfloat_equal"], key
-    assert r["state_error"] <= TOL, f"{key}: {r['worst_state']} off by {r['state_error']:.2e}"
-    assert r["measured_comm"] == r["predicted_comm"], key
-    measured, predicted = r["activation_bytes"], r["predicted_activation_bytes"]
-    assert abs(measured - predicted) <= 0.05 * measured, (key, measured, predicted)
-    p: Plan = r["plan"]
-    kinds = {a.kind for a in p.assignments}
-    assert {"attention", "linear", "embedding"} <= kinds, key
-    other = [a.target for a in p.assignments if a.kind == "other"]
-    assert not [t for t in other if any(f in t for f in _FAMILY_OPS)], (key, other)
-
 
 DEFAULT = {"hf-llama": ("mixed",)}
 
@@ -114,7 +48,7 @@ def test_forced_plan_shards_and_fits(default_results: dict[tuple[str, str], dict
 
 
 def test_llama_ops_have_strategies() -> None:
-    model, inputs = _builder("hf-llama")()
+    model, inputs = builder("hf-llama")()
     p = uniform_plan(capture(model, inputs), "3d")
     by_kind = {a.kind for a in p.assignments}
     assert {"rms_norm", "attention", "cat", "expand"} <= by_kind
@@ -126,12 +60,12 @@ def test_llama_ops_have_strategies() -> None:
 def test_titan_llama_plans_head_parallel() -> None:
     """The torchtitan-style Llama (nn.RMSNorm, complex RoPE, type_as, repeat_kv, SDPA) plans under 3d with
     its attention split by heads and every family op given a strategy."""
-    model, inputs = _builder("titan-llama")()
+    model, inputs = builder("titan-llama")()
     p = uniform_plan(capture(model, inputs), "3d")
     kinds = {a.kind for a in p.assignments}
     assert {"rms_norm", "attention", "complex_view", "expand", "linear"} <= kinds
     other = [a.target for a in p.assignments if a.kind == "other"]
-    assert not [t for t in other if any(f in t for f in _FAMILY_OPS)], other
+    assert not [t for t in other if any(f in t for f in FAMILY_OPS)], other
     attention = [a for a in p.assignments if a.kind == "attention"]
     assert all(a.inputs[0].dims[1] for a in attention), [str(a.inputs[0]) for a in attention]
 
