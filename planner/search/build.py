@@ -386,7 +386,7 @@ def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerat
                 work = np.array([[output_working_set(op.input_meta, arg, lu, input_mode, mesh, hw, grad=flows[src])]
                                  * cost.shape[1] for lu in lus], dtype=np.int64)
                 edge_of[(op.name, arg)] = (cost, cost, work) if work.any() else None
-                if work.any():
+                if edge_of[(op.name, arg)] is not None:
                     _add_edge(edge_mats, (du.name, dv.name), cost, cost, work)
                 continue
             lvs = [strategies[op.name][k].inputs[arg] for k in dv.members[kv]]

@@ -78,25 +78,27 @@ def _call(model: Any, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
-def _batch_rows(value: Any, rank: int, world: int) -> Any:
-    """This rank's block of the batch dim of a tensor (as `apply_plan(inputs="sharded")` takes and gives
-    it), the tensor itself when its first dim cannot be shared equally (a scalar loss stays whole)."""
+def _caller_block(value: Any, mode: str, mesh: Any, rank: int) -> Any:
+    """What this rank passes or gets back for `value` under `apply_plan(inputs=mode)`: its block of the
+    caller's layout (`caller_layout`, the layout apply_plan converts to and from), the value itself when
+    that layout is whole (any value under "full", a scalar loss, a batch the ranks cannot share)."""
     import torch
 
-    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] % world == 0:
-        rows = value.shape[0] // world
-        return value[rank * rows:(rank + 1) * rows]
-    return value
+    from cost_models.layout import caller_layout
+    from layers3d.shard import shard_tensor
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    layout = caller_layout(tuple(value.shape), mode, mesh)
+    return value if layout.is_replicated() else shard_tensor(value, layout, mesh, rank)
 
 
-def _local_inputs(inputs: Any, mode: str, rank: int, world: int) -> Any:
+def _local_inputs(inputs: Any, mode: str, mesh: Any, rank: int) -> Any:
     """What this rank passes the parallel model: the whole inputs, or under a plan for inputs="sharded" its
     block of each batched input."""
-    if mode == "full":
-        return inputs
     if isinstance(inputs, dict):
-        return {k: _batch_rows(v, rank, world) for k, v in inputs.items()}
-    return tuple(_batch_rows(v, rank, world) for v in inputs)
+        return {k: _caller_block(v, mode, mesh, rank) for k, v in inputs.items()}
+    return tuple(_caller_block(v, mode, mesh, rank) for v in inputs)
 
 
 def _check_dropout(graph: Any, parallel: Any) -> int:
@@ -148,9 +150,8 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
           "the first collective of planner verify", timeout_s=agree_timeout_s)
     check_inputs(dense, plan, inputs)  # a plan for another model: the mismatch error naming both, not a capture error
     parallel = apply_plan(dense, plan, agree_timeout_s=agree_timeout_s)
-    world = dist.get_world_size()
     mode = plan.options.inputs  # a sharded plan: each rank passes and gets its block of the batch
-    local = _local_inputs(inputs, mode, rank, world)
+    local = _local_inputs(inputs, mode, plan.mesh, rank)
     if mode == "sharded" and not _returns_loss(_probe(dense, inputs)):
         from planner.apply.values import ApplyError
 
@@ -183,9 +184,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
             loss_p = _loss(out_p)
         loss_p.backward()
     report.errors.append(ErrorRow("loss", rel_error(loss_p, loss_d), f"dense {loss_d.item():.6f}"))
-    dense_leaves = _float_leaves(out_d) if mode == "full" else \
-        [_batch_rows(t, rank, world) for t in _float_leaves(out_d)]
-    pairs = list(zip(_float_leaves(out_p), dense_leaves))
+    pairs = list(zip(_float_leaves(out_p), [_caller_block(t, mode, plan.mesh, rank) for t in _float_leaves(out_d)]))
     report.errors.append(_worst("outputs", [(f"output {i}", rel_error(p, d)) for i, (p, d) in enumerate(pairs)]))
     dense_grads = {n: p.grad for n, p in dense.named_parameters() if p.grad is not None}
     report.errors.append(_row("gradients", compare(gather_grads(parallel), dense_grads, grad_floor(dense_grads)),
