@@ -11,7 +11,7 @@ the priced solve (`planner.search.solve.columns`) but over the whole problem at 
   (`planner.search.solve.eliminate`) over all nodes;
 * search mu (grow tenfold until the minimiser's exact peak fits, then bisect), and under a few caps on
   the transient bytes (the max term, which prices do not see);
-* keep the fastest assignment whose exact peak (`evaluate_indexed`) fits.
+* keep the fastest assignment whose exact peak (`evaluate_indexed`'s, via `FastEvaluator`) fits.
 
 It is a heuristic (no bound of its own): the ILP proves how far from optimal it is.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.search.solve.eliminate import eliminate
-from planner.search.solve.evaluate import evaluate_indexed
+from planner.search.solve.evaluate import FastEvaluator
 from planner.search.solve.frontier import topological_order
 from planner.search.solve.indexed import IndexedProblem
 
@@ -62,6 +62,7 @@ class _Pricer:
         self.sizes = dict(enumerate(ip.sizes))
         self.memo: dict = {}
         self.results: list[Start] = []
+        self.evaluate = FastEvaluator(ip)  # evaluate_indexed's figures, vectorised
 
     def minimise(self, ckpt: frozenset[int], mu: float, cap: float) -> Start | None:
         """The minimiser with blocks `ckpt` checkpointed and no transient above `cap`, evaluated exactly
@@ -89,7 +90,7 @@ class _Pricer:
         picked = sweep.argmin({})
         choice = [int(picked[v]) for v in range(ip.n)]
         blocks = sorted(ckpt)
-        time_s, peak, _ = evaluate_indexed(ip, choice, blocks)
+        time_s, peak = self.evaluate(choice, blocks)
         out = Start(choice, blocks, time_s, int(peak))
         self.results.append(out)
         return out
