@@ -16,7 +16,7 @@ from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout, caller_layout
 from cost_models.memory import conversion_pair_working_set
 from cost_models.mesh import Mesh
-from cost_models.ops import OpNode, TensorMeta
+from cost_models.ops import FLOAT_DTYPES, OpNode, TensorMeta
 from cost_models.redistribution import Step, backward_steps, plan_redistribution
 from cost_models.strategy import Collective
 
@@ -84,7 +84,7 @@ def grad_flow(nodes: Iterable[OpNode]) -> dict[str, bool]:
 
 def _has_grad(meta: TensorMeta) -> bool:
     """Integer and boolean tensors (token ids, masks) carry no gradient back."""
-    return meta.dtype in ("float16", "bfloat16", "float32", "float64", "complex64")
+    return meta.dtype in FLOAT_DTYPES or meta.dtype == "complex64"
 
 
 def output_working_set(outputs: Sequence[TensorMeta], k: int, have: Layout, input_mode: str, mesh: Mesh,

@@ -10,7 +10,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DTYPE_BYTES", "TensorMeta", "ParamInfo", "OpNode"]
+__all__ = ["DTYPE_BYTES", "FLOAT_DTYPES", "TensorMeta", "ParamInfo", "OpNode"]
+
+# Real floating-point dtypes: the tensors that carry gradients (and whose gradients the memory model counts).
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,

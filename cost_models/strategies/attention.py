@@ -31,13 +31,11 @@ from cost_models.compute import matmul_flops
 from cost_models.family import op_family
 from cost_models.layout import Axes, Layout, LayoutError
 from cost_models.mesh import Mesh
-from cost_models.ops import OpNode, TensorMeta
+from cost_models.ops import FLOAT_DTYPES, OpNode, TensorMeta
 from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes, tensor_key
 from cost_models.strategy import Strategy
 
 __all__ = ["matmul_rule", "matmul_call", "matmul_output", "matmul_grad_axes"]
-
-_FLOAT = ("float16", "bfloat16", "float32", "float64")
 
 
 def _batch_dims(meta: TensorMeta, out_nd: int) -> dict[int, int]:
@@ -113,7 +111,7 @@ def _usage(op: OpNode, mesh: Mesh, la: Layout, lb: Layout, out: Layout) -> Usage
         u.save(key, local_bytes(meta, lay, mesh))
     grads = op.attrs.get("grad_inputs") or (True, True)
     for i, (meta, lay) in enumerate(((a, la), (b, lb))):
-        if i < len(grads) and grads[i] and meta.dtype in _FLOAT:
+        if i < len(grads) and grads[i] and meta.dtype in FLOAT_DTYPES:
             u.collective("all_reduce", matmul_grad_axes(out, lay), local_bytes(meta, lay, mesh), "backward",
                          "grad_input")
     return u

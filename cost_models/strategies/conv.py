@@ -26,7 +26,7 @@ from cost_models.calls import Act, Call, Param
 from cost_models.family import op_family
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
-from cost_models.ops import DTYPE_BYTES, OpNode
+from cost_models.ops import DTYPE_BYTES, FLOAT_DTYPES, OpNode
 from cost_models.strategies.base import (
     Candidates,
     Offer,
@@ -42,8 +42,6 @@ from cost_models.strategies.opaque import whole_offers
 from cost_models.strategy import Strategy
 
 __all__ = ["conv_rule", "conv_call", "conv_facts"]
-
-_FLOAT = ("float16", "bfloat16", "float32", "float64")
 
 
 def _channel_split(op: OpNode, mesh: Mesh) -> Iterator[Offer | str]:
@@ -71,7 +69,7 @@ def _channel_split(op: OpNode, mesh: Mesh) -> Iterator[Offer | str]:
             local = lay.local_numel(p.shape, mesh)
             u.param_elems += local
             u.collective("all_reduce", dp, local * DTYPE_BYTES[p.dtype], "backward", "grad_weight")
-        if x.dtype in _FLOAT and (op.attrs.get("grad_inputs") or (True,))[0]:  # not a graph input's
+        if x.dtype in FLOAT_DTYPES and (op.attrs.get("grad_inputs") or (True,))[0]:  # not a graph input's
             u.collective("all_reduce", t_axes, local_bytes(x, lay_x, mesh), "backward", "grad_input")
         u.save(tensor_key(op.inputs[0], lay_x), local_bytes(x, lay_x, mesh))
         out_local = lay_y.local_numel(y.shape, mesh)

@@ -12,7 +12,7 @@ from cost_models.calls import Act, Call, Param, is_scalar, norm_dim
 from cost_models.family import op_family
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
-from cost_models.ops import OpNode
+from cost_models.ops import FLOAT_DTYPES, OpNode
 from cost_models.strategies.base import (
     Candidates,
     Offer,
@@ -28,7 +28,6 @@ from cost_models.strategy import Strategy
 
 __all__ = ["elementwise_rule", "elementwise_call", "reduction_rule", "reduction_call", "ELEMENTWISE_SAVES"]
 
-_FLOAT = ("float16", "bfloat16", "float32", "float64")
 
 # What autograd saves for backward, by op: "tensors" = every tensor input when there are two tensor
 # operands (a tensor times a Python scalar saves nothing), "none", ("input", i) = the tensor at positional
@@ -93,18 +92,18 @@ def elementwise_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str
         u.fwd_flops = u.bwd_flops = out.local_numel(out_shape, mesh)
         if op.attrs.get("saves_output"):  # exp, sqrt, rsqrt...: the backward reads the result
             u.save(tensor_key(op.name, out), local_bytes(op.out, out, mesh))
-        grads = op.attrs.get("grad_inputs") or tuple(m.dtype in _FLOAT for m in op.input_meta)
+        grads = op.attrs.get("grad_inputs") or tuple(m.dtype in FLOAT_DTYPES for m in op.input_meta)
         # Backward of a computing op (mul, div, pow...; add hands its gradient on unchanged): the output's
         # gradient and one fresh output-sized gradient per input that takes one, alive together (measured:
         # 3 x 262,144 B at LLaMA's SwiGLU product, its checkpointed peak on a replicated rank).
-        n_grads = sum(1 for i, m in enumerate(op.input_meta) if i < len(grads) and grads[i] and m.dtype in _FLOAT)
+        n_grads = sum(1 for i, m in enumerate(op.input_meta) if i < len(grads) and grads[i] and m.dtype in FLOAT_DTYPES)
         if n_grads and op.attrs.get("fn") not in ("add", "sub"):
             u.temp((1 + n_grads) * local_bytes(op.out, out, mesh))
         kept = _kept_inputs(op, saves, grads)
         for i, (lay, m) in enumerate(zip(ins, op.input_meta)):
             if i in kept:
                 u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
-            if i < len(grads) and grads[i] and m.dtype in _FLOAT:
+            if i < len(grads) and grads[i] and m.dtype in FLOAT_DTYPES:
                 axes = broadcast_axes(out, m.shape, out_shape)
                 u.collective("all_reduce", axes, local_bytes(m, lay, mesh), "backward", "grad_input")
         yield Strategy("follow", ins, (out,)), u

@@ -12,7 +12,7 @@ from cost_models.calls import Call, flat, norm_dim
 from cost_models.family import op_family
 from cost_models.layout import Layout
 from cost_models.mesh import Mesh
-from cost_models.ops import OpNode
+from cost_models.ops import FLOAT_DTYPES, OpNode
 from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes
 from cost_models.strategies.views import permute_layout, reshape_layout
 from cost_models.strategy import Strategy
@@ -140,7 +140,7 @@ def _indexing_usage(op: OpNode, mesh: Mesh, lay: Layout, o_lay: Layout) -> Usage
     slice_backward) writes the output's gradient into a zero-filled gradient of the whole input: both
     alive at once."""
     x, out = op.input_meta[0], op.out
-    if x.dtype not in ("float16", "bfloat16", "float32", "float64"):
+    if x.dtype not in FLOAT_DTYPES:
         return Usage(mesh, dtype=out.dtype)
     u = Usage(mesh, dtype=out.dtype)
     u.temp(local_bytes(x, lay, mesh) + local_bytes(out, o_lay, mesh))

@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from cost_models.layout import Layout
-from cost_models.ops import OpNode
+from cost_models.ops import FLOAT_DTYPES, OpNode
 from cost_models.strategies.attention import matmul_grad_axes
 from cost_models.strategies.views import broadcast_axes
 from layers3d.functional import GradReduce, OutputReduce
@@ -47,7 +47,6 @@ _RESHAPES = {"view", "reshape", "_unsafe_view", "unflatten", "flatten", "squeeze
              "reshape_as"}
 _SPLITS = {"split", "split_with_sizes", "chunk", "tensor_split"}
 _EXPANDS = {"expand", "expand_as", "broadcast_to"}
-_FLOAT = ("float16", "bfloat16", "float32", "float64")
 
 
 class Redistribute(nn.Module):
@@ -290,7 +289,7 @@ class _Rewriter:
         a = self._assignment(op.name)
         path = self._module_name(path)
         t_axes = params.input_grad_axes
-        if t_axes and acts and isinstance(acts[0], fx.Node) and op.input_meta[0].dtype in _FLOAT:
+        if t_axes and acts and isinstance(acts[0], fx.Node) and op.input_meta[0].dtype in FLOAT_DTYPES:
             reduce_path = self._module_name(f"grad_reduce_{op.name}_in0")
             self.out.modules[reduce_path] = GradReduce(t_axes, self.mesh)
             reduced = self._emit("call_module", reduce_path, (acts[0],), {}, name=reduce_path)
@@ -334,7 +333,7 @@ class _Rewriter:
         axis that splits the output (`matmul_grad_axes`)."""
         swap: dict[fx.Node, fx.Node] = {}
         for k, (value, meta) in enumerate(zip(acts, op.input_meta)):
-            if meta.dtype not in _FLOAT or not isinstance(value, fx.Node) or value in swap:
+            if meta.dtype not in FLOAT_DTYPES or not isinstance(value, fx.Node) or value in swap:
                 continue
             if op.kind == "matmul":
                 lay = a.inputs[k] if k < len(a.inputs) else None

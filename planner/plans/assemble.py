@@ -10,7 +10,7 @@ from __future__ import annotations
 from cost_models.edges import edge_cost, grad_flow, output_working_set
 from cost_models.hardware import HardwareProfile
 from cost_models.memory import conversion_pair_working_set, step_peak
-from cost_models.ops import DTYPE_BYTES, OpNode
+from cost_models.ops import DTYPE_BYTES, FLOAT_DTYPES, OpNode
 from cost_models.strategies.base import param_key, tensor_key
 from cost_models.strategy import Strategy
 from planner.plans.format import (
@@ -32,8 +32,6 @@ from planner.search.solve import Solution
 from planner.trace.graph import ModelGraph
 
 __all__ = ["assemble_plan"]
-
-_GRAD_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def _forward_bytes(cost) -> int:
@@ -125,7 +123,7 @@ def _gradient_bytes(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]
     out: dict[str, int] = {}
     for op in graph.nodes:
         if not flows[op.name] or len(op.outputs) != 1 or op.kind in ("input", "output") \
-                or op.out.dtype not in _GRAD_DTYPES:
+                or op.out.dtype not in FLOAT_DTYPES:
             continue
         lay = built.strategies[op.name][pick[op.name]].outputs[0]
         out[op.name] = lay.local_numel(op.out.shape, built.mesh) * op.out.itemsize
