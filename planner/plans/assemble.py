@@ -68,6 +68,27 @@ def _base_key(key: str, nbytes: int, bases: dict[str, str], graph: ModelGraph, b
     return tensor_key(base, lay), max(nbytes, lay.local_numel(node.out.shape, built.mesh) * node.out.itemsize)
 
 
+def _kept_storages(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int], ckpt: set[str],
+                   bases: dict[str, str]) -> dict[str, set[str]]:
+    """Checkpointed block -> the saved-tensor keys (`_base_key`) of the storages its kept inputs hold: the
+    tensors from outside the block that its ops read, as their producers make them (before any conversion
+    into the block). The recomputation runs on those very tensors (non-reentrant checkpoint unpacks the
+    inputs it saved), so a recomputed op saving one of them, or a view of one, saves a storage the
+    checkpoint keeps already; a converted copy (keyed `<key>@<op>`) is a new storage and is not among them."""
+    nodes = {n.name: n for n in graph.nodes}
+    out: dict[str, set[str]] = {}
+    for b in graph.blocks:
+        if b.name not in ckpt:
+            continue
+        inside = set(b.nodes)
+        keys = out.setdefault(b.name, set())
+        for n in b.nodes:
+            for src in dict.fromkeys(s for s in nodes[n].inputs if s not in inside):
+                lay = _out_layout(built.strategies[src][pick[src]], nodes[src], nodes[n])
+                keys.add(_base_key(tensor_key(src, lay), 0, bases, graph, built, pick)[0])
+    return out
+
+
 def _tied_copies(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -> dict[str, int]:
     """Bytes a linear whose weight an earlier op also uses (a tied head) saves beyond what its rule prices:
     when its weight layout differs from that op's (the parameter's home), `planner.apply.layers.TiedLayer` converts the owner's parameter into
@@ -164,6 +185,33 @@ def _output_working_set(op: OpNode, strat: Strategy, built: BuiltProblem, pick: 
     return most
 
 
+def _before_recomputation(graph: ModelGraph, in_ckpt: dict[str, bool],
+                          waiting: dict[str, tuple[str, int]]) -> set[str]:
+    """The checkpointed ops the backward differentiates before their block's recomputation: those after the
+    block's last op that saves anything (`waiting`: the backward's first unpack, which triggers it), e.g. a
+    residual add at the block's end and the conversion into it. No recomputed activation is alive there."""
+    last = {op.name: i for i, op in enumerate(graph.nodes)}
+    return {op.name for i, op in enumerate(graph.nodes)
+            if in_ckpt[op.name] and (op.block not in waiting or i > last[waiting[op.block][0]])}
+
+
+def _recomputation_points(graph: ModelGraph, in_ckpt: dict[str, bool], waiting: dict[str, tuple[str, int]],
+                          recomputed_upto: dict[str, int], work: list[int]) -> dict[int, int]:
+    """Forward index of each checkpointed block's last saving op (where the backward recomputes the block)
+    -> the most bytes its recomputation holds beyond what is alive at that op's backward anyway: non-reentrant
+    checkpoint without early stop re-runs the block's whole forward, so each op's working set (`work`: the
+    op's or the conversion into it) is alive beside the activations recomputed up to it, the ops after the
+    last saving op included (measured: gpt-tiny 3d, the peak is the recomputed all-gather into the block's
+    last residual add, beside every recomputed activation of the block)."""
+    index = {op.name: i for i, op in enumerate(graph.nodes)}
+    out: dict[int, int] = {}
+    for i, op in enumerate(graph.nodes):
+        if in_ckpt[op.name] and op.block in waiting:
+            at = index[waiting[op.block][0]]
+            out[at] = max(out.get(at, 0), recomputed_upto.get(op.name, 0) + work[i])
+    return out
+
+
 def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: HardwareProfile, *, budget_bytes: int,
                   device: str, bytes_per_param: int, checkpointing: bool, schemes: list[str] | None,
                   seconds: dict[str, float] | None = None, input_mode: str = "full") -> Plan:
@@ -218,9 +266,10 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     op_saved: dict[str, int] = {}
     alias = _identity_aliases(graph)
     bases = storage_bases(graph, built, pick)
+    kept_storages = _kept_storages(graph, built, pick, ckpt, bases)
     for op in graph.nodes:
         cost = built.costs[op.name][pick[op.name]]
-        fresh = 0
+        fresh = rekept = 0
         copies = own_copy.get(op.name, {})
         for t in cost.saved:
             nbytes = t.bytes
@@ -233,11 +282,13 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             if key not in seen_keys:
                 seen_keys.add(key)
                 fresh += nbytes
+                if key in kept_storages.get(op.block, ()):
+                    rekept += nbytes
         op_saved[op.name] = fresh + tied_copy.get(op.name, 0)
         if in_ckpt[op.name]:
-            # (a kept input saved again by the recomputation is counted again: on HF ViT it is the same
-            # storage, but not counting it under-predicted gpt-tiny 3d checkpointed by 7 %; unexplained)
-            block_saved[op.block] = block_saved.get(op.block, 0) + fresh
+            # a kept input's storage (or a view of it) saved again by the recomputation is nothing new
+            # (HF ViT: the first layer norm saving the block's input); a converted copy of it is
+            block_saved[op.block] = block_saved.get(op.block, 0) + fresh - rekept
             recomputed_upto[op.name] = block_saved[op.block]
 
     # A checkpointed block keeps its inputs (every tensor from outside it that its ops read, e.g. the hidden
@@ -271,13 +322,17 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     # In a checkpointed block's backward, recomputed activations are alive together with the working
     # set of the op (or the conversion into it) being differentiated.
     # The recomputation runs when the backward first needs one of the block's saved tensors, so the
-    # gradient that arrived there waits through it (waiting[block]).
-    own = [max(built.costs[op.name][pick[op.name]].transient_bytes, edge_ws.get(op.name, 0))
-           + (recomputed_upto.get(op.name, 0) if in_ckpt[op.name] else 0)
-           for op in graph.nodes]
+    # gradient that arrived there waits through it (waiting[block]); it re-runs the whole block there (the
+    # ops after that one are differentiated before it, with nothing recomputed yet).
+    work = [max(built.costs[op.name][pick[op.name]].transient_bytes, edge_ws.get(op.name, 0)) for op in graph.nodes]
+    before = _before_recomputation(graph, in_ckpt, waiting)
+    own = [w + (recomputed_upto.get(op.name, 0) if in_ckpt[op.name] and op.name not in before else 0)
+           for op, w in zip(graph.nodes, work)]
+    for i, w in _recomputation_points(graph, in_ckpt, waiting, recomputed_upto, work).items():
+        own[i] = max(own[i], w)
     # ... and the activation gradients autograd holds beside that working set (planner.plans.grad_buffers)
     # (the block's waiting gradient among them, once: it may be the residual gradient counted already)
-    also = [waiting.get(op.block) if in_ckpt[op.name] else None for op in graph.nodes]
+    also = [waiting.get(op.block) if in_ckpt[op.name] and op.name not in before else None for op in graph.nodes]
     transients = gradient_buffers(graph.nodes, _gradient_bytes(graph, built, pick, flows), own,
                                   _passthrough(graph, built, pick, alias), also)
     assignments: list[Assignment] = []
