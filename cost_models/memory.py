@@ -35,7 +35,7 @@ from cost_models.ops import DTYPE_BYTES
 from cost_models.redistribution import Step
 from cost_models.strategy import OpCost, SavedTensor
 
-__all__ = ["BYTES_PER_PARAM", "MemoryModelError", "DEVICE_KINDS", "dropout_mask_itemsize", "norm_stats_itemsize", "model_state_bytes",
+__all__ = ["BYTES_PER_PARAM", "MemoryModelError", "DEVICE_KINDS", "dropout_mask_itemsize", "dropout_grad_before_mask", "norm_stats_itemsize", "model_state_bytes",
            "unique_saved_bytes", "peak_bytes", "resolve_bytes_per_param",
            "conversion_working_set", "conversion_pair_working_set", "grad_bytes_per_param", "StepPeak",
            "step_peak"]
@@ -72,6 +72,16 @@ def dropout_mask_itemsize(dtype: str, device: str) -> int:
     if device == "cpu":
         return DTYPE_BYTES[dtype]
     raise MemoryModelError(f"device kind must be one of {DEVICE_KINDS}, got {device!r}")
+
+
+def dropout_grad_before_mask(device: str) -> bool:
+    """Whether dropout's backward makes a gradient-sized tensor before it unpacks the mask: the CPU path
+    is two autograd nodes, the product with the noise and then the scaling, so the scaling's backward
+    runs first (what a checkpointed block holds when that unpack starts its recomputation; measured
+    with torch 2.13). CUDA's fused kernel is one node."""
+    if device not in DEVICE_KINDS:
+        raise MemoryModelError(f"device kind must be one of {DEVICE_KINDS}, got {device!r}")
+    return device == "cpu"
 
 
 def norm_stats_itemsize(dtype: str, device: str) -> int:

@@ -106,6 +106,8 @@ class OpCost:
     saved: tensors autograd keeps for backward (local sizes).
     transient_bytes: the largest temporary buffer alive while the op runs (gathered weights/inputs,
         unreduced outputs, gradient buffers).
+    fwd_extra_bytes: what the forward alone holds beyond the op's output and its saved tensors (the
+        working set of its re-run when its block is checkpointed).
     flops: local forward + backward FLOPs; fwd_flops: the forward part (re-run when checkpointed).
     compute_s / fwd_compute_s: roofline seconds for flops / fwd_flops.
     collectives: the op's internal collectives, forward and backward.
@@ -117,6 +119,7 @@ class OpCost:
     buffer_bytes: int = 0
     saved: tuple[SavedTensor, ...] = ()
     transient_bytes: int = 0
+    fwd_extra_bytes: int = 0
     flops: float = 0.0
     fwd_flops: float = 0.0
     compute_s: float = 0.0

@@ -198,7 +198,8 @@ def _priced(canon: _Canon, strategy: Strategy, mesh: Mesh, hw: HardwareProfile, 
     return OpCost(
         param_elems=usage.param_elems, state_bytes=usage.param_elems * bpp + usage.buffer_bytes,
         buffer_bytes=usage.buffer_bytes, saved=saved,
-        transient_bytes=usage.transient_bytes, flops=usage.fwd_flops + usage.bwd_flops,
+        transient_bytes=usage.transient_bytes, fwd_extra_bytes=usage.fwd_extra_bytes,
+        flops=usage.fwd_flops + usage.bwd_flops,
         fwd_flops=usage.fwd_flops, compute_s=fwd_compute + bwd_compute, fwd_compute_s=fwd_compute,
         collectives=tuple(usage.collectives), comm_s=comm, fwd_comm_s=fwd_comm, notes=tuple(usage.notes),
     )
@@ -235,7 +236,8 @@ def op_costs(op: OpNode, strategies: list[Strategy], mesh: Mesh, hw: HardwarePro
         out.append(OpCost(
             param_elems=priced.param_elems, state_bytes=priced.state_bytes, buffer_bytes=priced.buffer_bytes,
             saved=saved,
-            transient_bytes=priced.transient_bytes, flops=priced.flops, fwd_flops=priced.fwd_flops,
+            transient_bytes=priced.transient_bytes, fwd_extra_bytes=priced.fwd_extra_bytes, flops=priced.flops,
+            fwd_flops=priced.fwd_flops,
             compute_s=priced.compute_s, fwd_compute_s=priced.fwd_compute_s, collectives=priced.collectives,
             comm_s=priced.comm_s, fwd_comm_s=priced.fwd_comm_s, notes=priced.notes,
         ))

@@ -49,6 +49,7 @@ class Usage:
     buffer_bytes: int = 0
     saved: list[SavedTensor] = field(default_factory=list)
     transient_bytes: int = 0
+    fwd_extra_bytes: int = 0
     fwd_flops: float = 0.0
     bwd_flops: float = 0.0
     fwd_bytes: float = 0.0
@@ -74,6 +75,12 @@ class Usage:
     def temp(self, nbytes: int) -> None:
         """A set of temporary buffers alive together: the transient is the largest such set."""
         self.transient_bytes = max(self.transient_bytes, int(nbytes))
+
+    def fwd_temp(self, nbytes: int) -> None:
+        """A set of buffers the forward holds beside the op's output and what it saves (an unreduced partial
+        output and its collective's staging, a gathered input it does not keep, CPU dropout's product before
+        the scaling): what a checkpointed block's recomputation adds at this op (`planner.plans.recompute`)."""
+        self.fwd_extra_bytes = max(self.fwd_extra_bytes, int(nbytes))
 
 
 Offer = tuple[Strategy, Usage]

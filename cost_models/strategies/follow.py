@@ -101,6 +101,8 @@ def dropout_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) ->
         if p > 0 and op.attrs.get("training", op.attrs.get("train", True)):
             u.save(f"{op.name}:mask:{lay}", lay.local_numel(x.shape, mesh) * dropout_mask_itemsize(x.dtype, device))
             backward_pair(u, op, lay, mesh)
+            if device == "cpu":  # the CPU kernel multiplies by the noise, then scales into a new tensor
+                u.fwd_temp(local_bytes(op.out, lay, mesh))
         else:
             u.notes.append("dropout with p=0 or in eval mode is the identity: nothing saved")
     yield from follow_unary_rule(op, mesh, candidates, save)

@@ -149,6 +149,10 @@ def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
         + (w_eff_bytes if w_gathered and plan.regather_weight else 0) \
         + max(0, dw_chain - w_store_bytes)
     u.temp(max(fwd, bwd))
+    # beside the output: the partial and the reduction's staging (measured on HF GPT-2's row-parallel MLP
+    # projection re-run in a checkpointed block: the matmul's partial and the all-reduce's copy, then the
+    # biased output), a gathered input it does not keep, a re-gathered weight
+    u.fwd_temp(fwd - (y_out_bytes if y_reduce else 0))
 
     # FLOPs (torch.utils.flop_counter: 2 m k n forward, twice that backward) and memory traffic.
     m_loc = plan.x_eff.local_numel(x.shape, mesh) // (x.shape[-1] // mesh.size(k_axes))

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from cost_models.edges import edge_cost, grad_flow, output_working_set
 from cost_models.hardware import HardwareProfile
-from cost_models.memory import conversion_pair_working_set, step_peak
+from cost_models.memory import (
+    conversion_pair_working_set,
+    conversion_working_set,
+    dropout_grad_before_mask,
+    step_peak,
+)
 from cost_models.ops import DTYPE_BYTES, FLOAT_DTYPES, OpNode
 from cost_models.strategies.base import param_key, tensor_key
 from cost_models.strategy import Strategy
@@ -25,7 +30,8 @@ from planner.plans.format import (
     Redistribution,
     SolverInfo,
 )
-from planner.plans.grad_buffers import gradient_buffers
+from planner.plans.grad_buffers import gradient_buffers, gradients_alive
+from planner.plans.recompute import before_recomputation, kept_storages, recomputation_peaks
 from planner.plans.storage import storage_bases
 from planner.search.build import BuiltProblem, _out_layout
 from planner.search.solve import Solution
@@ -66,27 +72,6 @@ def _base_key(key: str, nbytes: int, bases: dict[str, str], graph: ModelGraph, b
     node = graph.node(base)
     lay = built.strategies[base][pick[base]].outputs[0]
     return tensor_key(base, lay), max(nbytes, lay.local_numel(node.out.shape, built.mesh) * node.out.itemsize)
-
-
-def _kept_storages(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int], ckpt: set[str],
-                   bases: dict[str, str]) -> dict[str, set[str]]:
-    """Checkpointed block -> the saved-tensor keys (`_base_key`) of the storages its kept inputs hold: the
-    tensors from outside the block that its ops read, as their producers make them (before any conversion
-    into the block). The recomputation runs on those very tensors (non-reentrant checkpoint unpacks the
-    inputs it saved), so a recomputed op saving one of them, or a view of one, saves a storage the
-    checkpoint keeps already; a converted copy (keyed `<key>@<op>`) is a new storage and is not among them."""
-    nodes = {n.name: n for n in graph.nodes}
-    out: dict[str, set[str]] = {}
-    for b in graph.blocks:
-        if b.name not in ckpt:
-            continue
-        inside = set(b.nodes)
-        keys = out.setdefault(b.name, set())
-        for n in b.nodes:
-            for src in dict.fromkeys(s for s in nodes[n].inputs if s not in inside):
-                lay = _out_layout(built.strategies[src][pick[src]], nodes[src], nodes[n])
-                keys.add(_base_key(tensor_key(src, lay), 0, bases, graph, built, pick)[0])
-    return out
 
 
 def _tied_copies(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -> dict[str, int]:
@@ -185,33 +170,6 @@ def _output_working_set(op: OpNode, strat: Strategy, built: BuiltProblem, pick: 
     return most
 
 
-def _before_recomputation(graph: ModelGraph, in_ckpt: dict[str, bool],
-                          waiting: dict[str, tuple[str, int]]) -> set[str]:
-    """The checkpointed ops the backward differentiates before their block's recomputation: those after the
-    block's last op that saves anything (`waiting`: the backward's first unpack, which triggers it), e.g. a
-    residual add at the block's end and the conversion into it. No recomputed activation is alive there."""
-    last = {op.name: i for i, op in enumerate(graph.nodes)}
-    return {op.name for i, op in enumerate(graph.nodes)
-            if in_ckpt[op.name] and (op.block not in waiting or i > last[waiting[op.block][0]])}
-
-
-def _recomputation_points(graph: ModelGraph, in_ckpt: dict[str, bool], waiting: dict[str, tuple[str, int]],
-                          recomputed_upto: dict[str, int], work: list[int]) -> dict[int, int]:
-    """Forward index of each checkpointed block's last saving op (where the backward recomputes the block)
-    -> the most bytes its recomputation holds beyond what is alive at that op's backward anyway: non-reentrant
-    checkpoint without early stop re-runs the block's whole forward, so each op's working set (`work`: the
-    op's or the conversion into it) is alive beside the activations recomputed up to it, the ops after the
-    last saving op included (measured: gpt-tiny 3d, the peak is the recomputed all-gather into the block's
-    last residual add, beside every recomputed activation of the block)."""
-    index = {op.name: i for i, op in enumerate(graph.nodes)}
-    out: dict[int, int] = {}
-    for i, op in enumerate(graph.nodes):
-        if in_ckpt[op.name] and op.block in waiting:
-            at = index[waiting[op.block][0]]
-            out[at] = max(out.get(at, 0), recomputed_upto.get(op.name, 0) + work[i])
-    return out
-
-
 def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: HardwareProfile, *, budget_bytes: int,
                   device: str, bytes_per_param: int, checkpointing: bool, schemes: list[str] | None,
                   seconds: dict[str, float] | None = None, input_mode: str = "full") -> Plan:
@@ -229,6 +187,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     # node -> the largest working set of a conversion into it (forward or backward): a transient the
     # solver's per-op choices do not see (it depends on the producer's choice too), priced here.
     edge_ws: dict[str, int] = {}
+    conv_extra: dict[str, int] = {}  # node -> what the forward conversions into it hold beyond their source
     # node -> saved-tensor keys of the inputs it gets through a conversion of its own: the runtime converts
     # once per consumer argument, so two ops saving "the same" converted tensor keep two copies.
     own_copy: dict[str, dict[str, int]] = {}  # node -> {key: the copy's bytes (contiguous, local size)}
@@ -253,6 +212,9 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             into[op.name] = (s0 + secs, f0 + ec.fwd_seconds, b0 + nbytes, fb0 + fwd_bytes)
             edge_ws[op.name] = max(edge_ws.get(op.name, 0), conversion_pair_working_set(
                 ec.forward, ec.backward, meta.shape, meta.itemsize, mesh))
+            if ec.forward:  # what the forward conversion holds beyond its source (re-run when checkpointed)
+                conv_extra[op.name] = max(conv_extra.get(op.name, 0), conversion_working_set(
+                    ec.forward, meta.shape, meta.itemsize, mesh) - lu.local_numel(meta.shape, mesh) * meta.itemsize)
         if op.kind == "output":
             edge_ws[op.name] = max(edge_ws.get(op.name, 0), _output_working_set(op, strat, built, pick, nodes, flows, hw,
                                                                                   input_mode))
@@ -266,11 +228,17 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     op_saved: dict[str, int] = {}
     alias = _identity_aliases(graph)
     bases = storage_bases(graph, built, pick)
-    kept_storages = _kept_storages(graph, built, pick, ckpt, bases)
+    kept_in = kept_storages(graph, built, pick, ckpt,
+                            lambda key: _base_key(key, 0, bases, graph, built, pick)[0])
+    saves: dict[str, set[str]] = {}  # op -> the storage keys of what it saves
+    block_fresh: dict[str, int] = {}  # checkpointed op -> bytes of the storages it is the first to save
+    unsaved_copies: dict[str, int] = {}  # op -> bytes of converted inputs it reads and does not save
     for op in graph.nodes:
         cost = built.costs[op.name][pick[op.name]]
         fresh = rekept = 0
         copies = own_copy.get(op.name, {})
+        unsaved_copies[op.name] = sum(n for k, n in copies.items() if k not in {t.key for t in cost.saved})
+        mine = saves.setdefault(op.name, set())
         for t in cost.saved:
             nbytes = t.bytes
             if t.key in copies:
@@ -279,15 +247,17 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
                 nbytes = max(t.bytes, copies[t.key])
             else:
                 key, nbytes = _base_key(t.key, t.bytes, bases, graph, built, pick)
+            mine.add(key)
             if key not in seen_keys:
                 seen_keys.add(key)
                 fresh += nbytes
-                if key in kept_storages.get(op.block, ()):
+                if key in kept_in.get(op.block, ()):
                     rekept += nbytes
         op_saved[op.name] = fresh + tied_copy.get(op.name, 0)
         if in_ckpt[op.name]:
             # a kept input's storage (or a view of it) saved again by the recomputation is nothing new
             # (HF ViT: the first layer norm saving the block's input); a converted copy of it is
+            block_fresh[op.name] = fresh - rekept
             block_saved[op.block] = block_saved.get(op.block, 0) + fresh - rekept
             recomputed_upto[op.name] = block_saved[op.block]
 
@@ -320,21 +290,30 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             waiting[op.block] = (op.name, lay.local_numel(op.out.shape, mesh) * op.out.itemsize)
     moved = _state_moves(graph, built, pick)
     # In a checkpointed block's backward, recomputed activations are alive together with the working
-    # set of the op (or the conversion into it) being differentiated.
-    # The recomputation runs when the backward first needs one of the block's saved tensors, so the
-    # gradient that arrived there waits through it (waiting[block]); it re-runs the whole block there (the
-    # ops after that one are differentiated before it, with nothing recomputed yet).
-    work = [max(built.costs[op.name][pick[op.name]].transient_bytes, edge_ws.get(op.name, 0)) for op in graph.nodes]
-    before = _before_recomputation(graph, in_ckpt, waiting)
-    own = [w + (recomputed_upto.get(op.name, 0) if in_ckpt[op.name] and op.name not in before else 0)
-           for op, w in zip(graph.nodes, work)]
-    for i, w in _recomputation_points(graph, in_ckpt, waiting, recomputed_upto, work).items():
-        own[i] = max(own[i], w)
-    # ... and the activation gradients autograd holds beside that working set (planner.plans.grad_buffers)
-    # (the block's waiting gradient among them, once: it may be the residual gradient counted already)
+    # set of the op (or the conversion into it) being differentiated, and the activation gradients
+    # autograd holds beside it (planner.plans.grad_buffers; the block's gradient waiting through its
+    # recomputation among them, once: it may be the residual gradient counted already). The ops after
+    # the block's last saving op are differentiated before the recomputation (nothing recomputed yet).
+    trigger = {block: name for block, (name, _) in waiting.items()}
+    before = before_recomputation(graph, in_ckpt, trigger)
+    own = [max(built.costs[op.name][pick[op.name]].transient_bytes, edge_ws.get(op.name, 0))
+           + (recomputed_upto.get(op.name, 0) if in_ckpt[op.name] and op.name not in before else 0)
+           for op in graph.nodes]
     also = [waiting.get(op.block) if in_ckpt[op.name] and op.name not in before else None for op in graph.nodes]
-    transients = gradient_buffers(graph.nodes, _gradient_bytes(graph, built, pick, flows), own,
-                                  _passthrough(graph, built, pick, alias), also)
+    grads, passthrough = _gradient_bytes(graph, built, pick, flows), _passthrough(graph, built, pick, alias)
+    transients = gradient_buffers(graph.nodes, grads, own, passthrough, also)
+    # The recomputation itself re-runs the whole block at its last saving op (planner.plans.recompute),
+    # beside the gradients alive there.
+    if trigger:
+        alive = gradients_alive(graph.nodes, grads, passthrough)
+        index = {op.name: i for i, op in enumerate(graph.nodes)}
+        peaks = recomputation_peaks(graph, built, pick, ckpt, bases, saves, block_fresh, unsaved_copies, conv_extra)
+        for block, name in trigger.items():
+            i = index[name]
+            op = graph.nodes[i]
+            # the gradient dropout's scaling makes before the mask is unpacked (CPU)
+            first = grads.get(name, 0) if op.kind == "dropout" and dropout_grad_before_mask(device) else 0
+            transients[i] = max(transients[i], alive[i] + first + peaks[block])
     assignments: list[Assignment] = []
     per_op: list[OpPrediction] = []
     for op, transient in zip(graph.nodes, transients):

@@ -21,11 +21,11 @@ accounting (`planner.plans.assemble`) adds them to the op's transient.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from cost_models.ops import OpNode
 
-__all__ = ["gradient_buffers"]
+__all__ = ["gradient_buffers", "gradients_alive"]
 
 def _readers(nodes: Sequence[OpNode]) -> dict[str, list[int]]:
     """Producer name -> forward indices of the ops that read its output and send a gradient back (the
@@ -67,10 +67,42 @@ def gradient_buffers(nodes: Sequence[OpNode], grad_bytes: dict[str, int], own_tr
     checkpointed block's gradient waiting through its recomputation; counted unless its storage is
     counted already (the op's own output gradient, an open buffer, a waiting gradient).
     """
+    out: list[int] = []
+    for i, op, alive, mine in _sweep(nodes, grad_bytes, passthrough or {}):
+        opened = sum(mine.values())
+        work = max(own_transient[i] + opened, opened + 2 * max(mine.values(), default=0))
+        skip = set(mine) | {_root(op.name, passthrough or {})}
+        waiting = sum(nbytes for r, (_, nbytes) in alive.items() if r not in skip)
+        extra = also[i] if also is not None else None
+        if extra is not None and _root(extra[0], passthrough or {}) not in skip | set(alive):
+            waiting += extra[1]
+        out.append(waiting + work)
+    return out
+
+
+def gradients_alive(nodes: Sequence[OpNode], grad_bytes: dict[str, int],
+                    passthrough: dict[str, str] | None = None) -> list[int]:
+    """Per op (forward order): the bytes of the activation gradients alive when the backward reaches it,
+    before it runs: its own output's gradient, the open buffers of its inputs and every waiting gradient,
+    each storage once (arguments as in `gradient_buffers`). What a checkpointed block's recomputation,
+    which runs there, has beside it."""
     passthrough = passthrough or {}
+    out: list[int] = []
+    for _, op, alive, mine in _sweep(nodes, grad_bytes, passthrough):
+        held = {r: nbytes for r, (_, nbytes) in alive.items()} | mine
+        if op.name in grad_bytes:
+            held.setdefault(_root(op.name, passthrough), grad_bytes[op.name])
+        out.append(sum(held.values()))
+    return out
+
+
+def _sweep(nodes: Sequence[OpNode], grad_bytes: dict[str, int], passthrough: dict[str, str]
+           ) -> Iterator[tuple[int, OpNode, dict[str, list[int]], dict[str, int]]]:
+    """Per op i (forward order): (i, op, the waiting gradients there (root -> [count, bytes]), the open
+    buffers of its inputs (root -> bytes)); a sweep over the forward order."""
     readers = _readers(nodes)
     index = {op.name: i for i, op in enumerate(nodes)}
-    # tensors waiting at op i: produced before i and last read after i (a sweep over the forward order)
+    # tensors waiting at op i: produced before i and last read after i
     starts: dict[int, list[str]] = {}
     ends: dict[int, list[str]] = {}
     for name in grad_bytes:
@@ -80,7 +112,6 @@ def gradient_buffers(nodes: Sequence[OpNode], grad_bytes: dict[str, int], own_tr
         starts.setdefault(index[name] + 1, []).append(name)
         ends.setdefault(max(users) - 1, []).append(name)
     alive: dict[str, list[int]] = {}  # root -> [how many waiting tensors share it, their gradient's bytes]
-    out: list[int] = []
     for i, op in enumerate(nodes):
         for name in starts.get(i, ()):
             r = _root(name, passthrough)
@@ -88,17 +119,9 @@ def gradient_buffers(nodes: Sequence[OpNode], grad_bytes: dict[str, int], own_tr
         # the open buffers of the op's own inputs (a later op read them too)
         mine = {_root(src, passthrough): grad_bytes[src] for src in dict.fromkeys(op.inputs)
                 if src in grad_bytes and max(readers.get(src, [i])) > i}
-        opened = sum(mine.values())
-        work = max(own_transient[i] + opened, opened + 2 * max(mine.values(), default=0))
-        skip = set(mine) | {_root(op.name, passthrough)}
-        waiting = sum(nbytes for r, (_, nbytes) in alive.items() if r not in skip)
-        extra = also[i] if also is not None else None
-        if extra is not None and _root(extra[0], passthrough) not in skip | set(alive):
-            waiting += extra[1]
-        out.append(waiting + work)
+        yield i, op, alive, mine
         for name in ends.get(i, ()):
             r = _root(name, passthrough)
             alive[r][0] -= 1
             if not alive[r][0]:
                 del alive[r]
-    return out
