@@ -24,7 +24,9 @@ def test_time_limit_gives_feasible_with_gap_or_a_clear_error() -> None:
     sol = solve(problem, method="flat", time_limit=1.0)
     assert sol.status in ("feasible", "error")
     if sol.status == "feasible":
-        assert 0 < sol.gap < 1
+        # not proven: a positive gap (infinite when the stop came before any useful bound, as it can on a
+        # loaded machine) and the reason in the message
+        assert sol.gap > 0 and "stopped" in sol.message
         assert sol.peak_bytes <= problem.budget_bytes
         assert evaluate(problem, sol.choice, sol.checkpointed)[:2] == (sol.objective, sol.peak_bytes)
     else:
