@@ -20,10 +20,10 @@ Rules see one op at a time, but two choices depend on the graph around it:
   carries one: the attention mask HF builds from arange/full/cumsum and the `where` that turns it into
   an additive bias): autograd records no node for it, so it saves nothing (measured: HF GPT-2's mask
   `where` saves no condition). Set only when true, so ordinary ops keep their signatures.
-* `attrs["out_view"]` on an attention op whose output is only read through `transpose(1, 2)` and a
-  reshape to [*batch, L, H*E] (the heads merged back): the fused kernels write the output in that
-  order, so the view shares its storage and a linear that saves it saves the same bytes
-  (see `cost_models.strategies.sdpa`); with it `attrs["saved_views"]` (q/k/v pieces of a fused output)
+* `attrs["out_view"]` on an attention op whose output is only read through a permute and a reshape
+  merging the heads back that torch can view in the order the kernel writes it (q's on CPU, [*batch, L,
+  H, E] on CUDA; `devices` says where): the view shares its storage and a linear that saves it saves the
+  same bytes (see `cost_models.strategies.sdpa`); with it `attrs["saved_views"]` (q/k/v pieces of a fused output)
   and `attrs["repeated_kv"]` (k/v made by repeat_kv's expand + reshape, views when a rank holds one KV head).
 * `attrs["tied"] = ("weight", ...)` on an op whose parameters of those roles belong to an earlier op (a
   head tied to the token embedding): the earlier op stores them (one copy of the parameter, its

@@ -12,10 +12,14 @@ E split) is offered with those dims unsplit, the edge paying the conversion; rep
 Saved for backward, measured with saved_tensors_hooks (torch 2.13): the fused kernels (CUDA flash /
 memory-efficient, and CPU's flash kernel when dropout is off) keep q, k, v as given, the output, one fp32
 logsumexp per query row, and a mask converted to q's dtype; CUDA with dropout also keeps the RNG seed and
-offset. When q is stored heads-transposed ([*batch, L, Hq, E] viewed as [*batch, Hq, L, E], as after the
-usual view + transpose of a projection) the kernels write the output in that order too, so the usual
-`out.transpose(1, 2).contiguous().view(B, L, Hq * Ev)` copies nothing: the output projection's saved input
-is the attention output's storage, saved once (hint `out_view`); a q, k or v that is a piece of a fused
+offset. The CPU kernels write the output in q's memory order (empty_like(q)), the CUDA ones in
+[*batch, L, Hq, Ev] order; when the output's only reader is a permute and a reshape merging the heads back
+that torch can view in that order (`cost_models.strides`), the output projection's saved input is the
+attention output's storage, saved once (hint `out_view`, per device kind): HF's q stored heads-transposed
+([*batch, L, Hq, E] viewed as [*batch, Hq, L, E]) read back through `transpose(1, 2).contiguous().view(...)`
+on both; torch's MultiheadAttention (q stored [L, B, H, E], read back through `permute(2, 0, 1, 3)` and a
+reshape to [L * B, H * E]) on CPU only (measured: TransformerEncoder's saved activations 0.91-0.94 of the
+prediction before); a q, k or v that is a piece of a fused
 projection's output (GPT-NeoX's chunk) keeps the whole output alive (hint `saved_views`); a k or v made by
 repeat_kv (expand + reshape) from one local KV head is a view of that head (hint `repeated_kv`). On CPU with dropout the math fallback runs in fp32 and keeps three [*batch, Hq, L, S] fp32
 tensors (scores, probabilities, dropped probabilities) and fp32 copies of q, k (at Hq heads) and v^T.
@@ -33,8 +37,10 @@ from cost_models.layout import Axes, Layout
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, TensorMeta
 from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes, tensor_key
+from cost_models.strategies.shapes import _index_map
 from cost_models.strategies.views import permute_layout, reshape_layout, restrict_layout
 from cost_models.strategy import Strategy
+from cost_models.strides import contiguous_strides, dense_like, is_contiguous, view_strides
 
 __all__ = ["sdpa_rule", "sdpa_call", "sdpa_output_view", "SDPA_BWD_FLOPS_RATIO"]
 
@@ -140,7 +146,7 @@ def _usage(op: OpNode, mesh: Mesh, ins: tuple[Layout, ...], out: Layout, device:
             u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh) // repeats[i])
         else:
             u.save(tensor_key(op.inputs[i], lay), local_bytes(m, lay, mesh))
-    u.save(_output_key(op, out, mesh), local_bytes(op.out, out, mesh))
+    u.save(_output_key(op, out, mesh, device), local_bytes(op.out, out, mesh))
     u.save(f"{op.name}:lse:{lq}", _LSE_BYTES * rows)
     mask_i = op.attrs.get("mask")
     if mask_i is not None:
@@ -152,10 +158,11 @@ def _usage(op: OpNode, mesh: Mesh, ins: tuple[Layout, ...], out: Layout, device:
     return u
 
 
-def _output_key(op: OpNode, out: Layout, mesh: Mesh) -> str:
-    """The saved output's key: that of the heads-merged view its only reader makes, when it has one."""
+def _output_key(op: OpNode, out: Layout, mesh: Mesh, device: str) -> str:
+    """The saved output's key: that of the heads-merged view its only reader makes, when it has one on
+    this device kind."""
     view = op.attrs.get("out_view")
-    if view:
+    if view and device in view.get("devices", ()):
         lay = permute_layout(out, view["dims"])
         if not isinstance(lay, str):
             lay = reshape_layout(permute_meta(op.out.shape, view["dims"]), tuple(view["shape"]), lay, mesh)
@@ -168,21 +175,50 @@ def permute_meta(shape: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ..
     return tuple(shape[d] for d in dims)
 
 
-def _heads_transposed(name: str, by_name: dict[str, OpNode]) -> bool:
-    """Whether tensor `name` is stored as [*batch, L, H, E] and viewed as [*batch, H, L, E]: a
-    transpose(1, 2) of a contiguous tensor, seen through views and element-wise ops (which keep their
-    first input's strides); a cat, a copy or a fresh result is stored in its own order."""
-    for _ in range(64):
-        op = by_name.get(name)
-        if op is None or not op.inputs:
-            return False
-        if op.kind == "permute":
-            nd = len(op.out.shape)
-            return tuple(op.attrs.get("dims", ())) == tuple(range(nd - 3)) + (nd - 2, nd - 3, nd - 1)
-        if op.kind not in ("elementwise", "getitem") or op.out.shape != op.input_meta[0].shape:
-            return False
-        name = op.inputs[0]
-    return False
+def _runtime_strides(name: str, by_name: dict[str, OpNode], depth: int = 64) -> tuple[int, ...] | None:
+    """The strides tensor `name` has at run time (`cost_models.strides`), replaying the views between it
+    and the op that made its storage: permutes, reshapes (a view when torch can view, else a contiguous
+    copy), indexing with ints and slices, element-wise ops and casts (which keep their first input's memory
+    order); a fresh result (matmul, linear, cat, a copy) is contiguous. None when unknown."""
+    op = by_name.get(name)
+    if op is None or not op.outputs:
+        return None
+    shape = op.out.shape
+    if depth == 0 or not op.inputs or op.inputs[0] not in by_name or len(by_name[op.inputs[0]].outputs) != 1:
+        return contiguous_strides(shape)
+    x = op.input_meta[0].shape
+    if op.kind == "permute":
+        src = _runtime_strides(op.inputs[0], by_name, depth - 1)
+        dims = tuple(op.attrs.get("dims", ()))
+        return None if src is None or len(dims) != len(src) else tuple(src[d] for d in dims)
+    if op.kind == "reshape":
+        src = _runtime_strides(op.inputs[0], by_name, depth - 1)
+        return None if src is None else (view_strides(x, src, shape) or contiguous_strides(shape))
+    if op.kind == "getitem":
+        src = _runtime_strides(op.inputs[0], by_name, depth - 1)
+        mapping = _index_map(op.attrs.get("index"), len(x))
+        if src is None or mapping is None or len(mapping) != len(shape):
+            return None
+        return tuple(1 if d is None else src[d] for d in mapping)
+    if op.kind in ("elementwise", "dropout", "activation", "contiguous") and shape == x:
+        if op.kind == "contiguous" and "contiguous" in op.target:
+            return contiguous_strides(shape)
+        src = _runtime_strides(op.inputs[0], by_name, depth - 1)
+        return None if src is None else dense_like(shape, src)
+    return contiguous_strides(shape)
+
+
+def _output_strides(op: OpNode, by_name: dict[str, OpNode], device: str) -> tuple[int, ...] | None:
+    """The strides of the attention output: CPU kernels write it with q's memory order (empty_like(q));
+    the CUDA kernels in [*batch, L, H, E] order, viewed as [*batch, H, L, E] (measured with torch 2.13)."""
+    shape = op.out.shape
+    if device == "cpu":
+        q = _runtime_strides(op.inputs[0], by_name)
+        return None if q is None else dense_like(shape, q)
+    nd = len(shape)
+    order = tuple(range(nd - 3)) + (nd - 2, nd - 3, nd - 1)
+    stored = contiguous_strides([shape[d] for d in order])
+    return tuple(stored[order.index(d)] for d in range(nd))
 
 
 def _split_bases(op: OpNode, by_name: dict[str, OpNode]) -> tuple[tuple[int, str, int], ...]:
@@ -240,25 +276,47 @@ def sdpa_output_view(op: OpNode, consumers: dict[str, list[OpNode]], by_name: di
         op.attrs["saved_views"] = views
     else:
         op.attrs.pop("saved_views", None)
-    if not _heads_transposed(op.inputs[0], by_name):
-        return
+    views: dict[tuple[str, tuple[int, ...], tuple[int, ...]], list[str]] = {}
+    for device in ("cpu", "cuda"):
+        found = _merged_view(op, consumers, _output_strides(op, by_name, device))
+        if found is not None:
+            views.setdefault(found, []).append(device)
+    if views:
+        (node, dims, shape), devices = next(iter(views.items()))
+        op.attrs["out_view"] = {"node": node, "dims": dims, "shape": shape, "devices": tuple(devices)}
+
+
+def _merged_view(op: OpNode, consumers: dict[str, list[OpNode]], strides: tuple[int, ...] | None
+                 ) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
+    """(reshape node, permute dims, its shape) when the output, with these strides, is read only through a
+    permute and a reshape merging the heads back ([*batch, L, H*E], or [L*batch, H*E]) that torch views."""
+    if strides is None:
+        return None
     nd = len(op.out.shape)
-    node, dims = op, None
+    node, shape, dims = op, tuple(op.out.shape), None
     for _ in range(4):
         users = consumers.get(node.name, [])
         if len(users) != 1:
-            return
+            return None
         node = users[0]
-        if node.kind in ("reshape", "contiguous") and node.out.shape == node.input_meta[0].shape:
-            continue  # a reshape to the same shape, a copy of a contiguous tensor: views
+        if node.kind == "contiguous" and node.out.shape == node.input_meta[0].shape:
+            if not is_contiguous(shape, strides):
+                return None
+            continue  # a copy of a contiguous tensor: the same storage
+        if node.kind == "reshape" and node.out.shape == node.input_meta[0].shape:
+            continue
         if node.kind == "permute" and dims is None:
             dims = tuple(node.attrs.get("dims", ()))
-            if dims != tuple(range(nd - 3)) + (nd - 2, nd - 3, nd - 1):
-                return
+            if len(dims) != nd:
+                return None
+            shape, strides = tuple(shape[d] for d in dims), tuple(strides[d] for d in dims)
         elif node.kind == "reshape" and dims is not None:
-            if len(node.out.shape) != nd - 1 or node.out.shape[-1] != op.out.shape[-3] * op.out.shape[-1]:
-                return
-            op.attrs["out_view"] = {"node": node.name, "dims": dims, "shape": node.out.shape}
-            return
+            if node.out.shape[-1] != op.out.shape[-3] * op.out.shape[-1] \
+                    or view_strides(shape, strides, node.out.shape) is None:
+                return None
+            return node.name, dims, tuple(node.out.shape)
         else:
-            return
+            return None
+    return None
+
+
