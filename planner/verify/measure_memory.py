@@ -21,11 +21,11 @@ collective library's staging buffers) is not counted: it is not in the cost mode
 On CUDA the caching allocator's own record gives the same quantity: the peak allocated during the step
 minus what was allocated at its start, plus the bytes of the seeded storages.
 
-The step is measured `repeats` times (default 2) and the smallest peak kept: a gloo collective's worker
-thread drops its reference to the collective's buffers only after waking the caller, so on a loaded
-machine a buffer (an all-gather's chunks, a reduce-scatter's input) can outlive its last use by a few ops
-on one rank and add itself to the next op's peak, at random (seen: one rank of eight 3-7 % above the
-others, a different rank each run, only under load). That is thread scheduling, not the program's memory.
+The step is measured `repeats` times (default 3) and the smallest peak kept. Under load, one rank of
+eight sometimes measures 3-29 % above the others (a different rank and test each run; never on a quiet
+machine): most likely a gloo worker thread, which drops its reference to a collective's buffers (an
+all-gather's chunks, a reduce-scatter's input) only after waking the caller, releasing them a few ops
+late. That is thread scheduling, not the program's memory, and it does not repeat step after step.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def step_peak_bytes(model: torch.nn.Module, run_loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer, *,
-                    extra: Iterable[torch.Tensor] = (), repeats: int = 2) -> dict[str, Any]:
+                    extra: Iterable[torch.Tensor] = (), repeats: int = 3) -> dict[str, Any]:
     """Peak bytes of one training step of `model` (see the module docstring): runs a first step so the
     optimizer's state exists, then measures the next `repeats` and keeps the smallest peak. `run_loss()`
     runs the forward and returns the loss; `extra` are the step's inputs (counted as held). Mutates the
