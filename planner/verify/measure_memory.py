@@ -22,8 +22,8 @@ On CUDA the caching allocator's own record gives the same quantity: the peak all
 minus what was allocated at its start, plus the bytes of the seeded storages.
 
 The step is measured `repeats` times (default 3) and the smallest peak kept. Under load, one rank of
-eight sometimes measures 3-29 % above the others (a different rank and test each run; never on a quiet
-machine): most likely a gloo worker thread, which drops its reference to a collective's buffers (an
+eight sometimes measures 3-29 % above the others (a different rank and test each run, seen with other
+jobs running): most likely a gloo worker thread, which drops its reference to a collective's buffers (an
 all-gather's chunks, a reduce-scatter's input) only after waking the caller, releasing them a few ops
 late. That is thread scheduling, not the program's memory, and it does not repeat step after step.
 """
