@@ -15,7 +15,8 @@ from typing import Any, Literal, get_args
 from cost_models.layout import Axes, Layout
 from cost_models.schemes import HEAVY_SCHEMES, SCHEMES
 
-__all__ = ["SCHEMES", "HEAVY_SCHEMES", "COLLECTIVE_KINDS", "PHASES", "CollectiveKind", "Phase", "Collective", "Strategy",
+__all__ = ["SCHEMES", "HEAVY_SCHEMES", "COLLECTIVE_KINDS", "COLLECTIVE_TAGS", "PHASES", "CollectiveKind", "CollectiveTag",
+           "Phase", "Collective", "Strategy",
            "OpCost", "SavedTensor"]
 
 # The collectives the cost model prices and layers3d runs (and counts), and the phases of a training step
@@ -24,6 +25,12 @@ CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_a
 COLLECTIVE_KINDS: tuple[str, ...] = get_args(CollectiveKind)
 Phase = Literal["forward", "backward", "recompute"]
 PHASES: tuple[str, ...] = get_args(Phase)
+# What a collective moves: an op's input, weight, output or their gradients, a norm's or a loss's
+# statistics, an edge's layout conversion, the caller's inputs and outputs (io), a tied weight's copy, a
+# stored parameter's state (gathering a state dict); "" when untold.
+CollectiveTag = Literal["", "input", "weight", "output", "grad_input", "grad_weight", "grad_bias", "grad_output",
+                        "stats", "edge", "io", "tied", "state"]
+COLLECTIVE_TAGS: tuple[str, ...] = get_args(CollectiveTag)
 
 # The scheme names (one enum, cost_models.schemes), re-exported where strategies are defined.
 
@@ -36,21 +43,22 @@ class Collective:
     axes: the mesh axes of its group.
     bytes: per-rank size of the full buffer (gathered output / unreduced input / local tensor).
     phase: "forward", "backward", or "recompute" (a checkpointed block's forward collectives run again).
-    tag: what moves, for people and for matching with measurements ("input", "weight", "output",
-        "grad_input", "grad_weight", "stats", "edge").
+    tag: what moves (COLLECTIVE_TAGS), for people and for matching with measurements.
     """
 
     kind: CollectiveKind
     axes: Axes
     bytes: int
     phase: Phase
-    tag: str = ""
+    tag: CollectiveTag = ""
 
     def __post_init__(self) -> None:
         if self.kind not in COLLECTIVE_KINDS:
             raise ValueError(f"collective kind {self.kind!r} is not one of {', '.join(COLLECTIVE_KINDS)}")
         if self.phase not in PHASES:
             raise ValueError(f"collective phase {self.phase!r} is not one of {', '.join(PHASES)}")
+        if self.tag not in COLLECTIVE_TAGS:
+            raise ValueError(f"collective tag {self.tag!r} is not one of {', '.join(map(repr, COLLECTIVE_TAGS))}")
 
     def __str__(self) -> str:
         return f"{self.phase[:3]} {self.kind}({''.join(self.axes)}) {self.bytes}B {self.tag}".rstrip()

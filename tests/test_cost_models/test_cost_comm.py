@@ -93,7 +93,7 @@ def test_roofline_takes_the_larger_roof():
 
 
 def test_collective_vocabularies_are_closed() -> None:
-    """A collective's kind and phase come from one closed vocabulary each; a misspelt one is refused when
+    """A collective's kind, phase and tag come from one closed vocabulary each; a misspelt one is refused when
     the Collective is made, not silently priced at zero or left unmatched against a measurement."""
     import pytest
 
@@ -106,3 +106,5 @@ def test_collective_vocabularies_are_closed() -> None:
         Collective("allgather", ("x",), 8, "forward")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="phase 'fwd'"):
         Collective("all_gather", ("x",), 8, "fwd")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tag 'grad_weights'"):
+        Collective("all_gather", ("x",), 8, "backward", "grad_weights")  # type: ignore[arg-type]

@@ -48,7 +48,7 @@ def _check_collectives(rank: int, shape: tuple[int, ...]) -> int:
         with CommCounter() as cc:
             # all_gather on dims 0 and 1, plain and interleaved (3 segments on the last dim)
             for dim in (0, 1):
-                got = all_gather(x, dim, axes, dm, tag="t")
+                got = all_gather(x, dim, axes, dm, tag="edge")
                 assert torch.equal(got, torch.cat([_local(m, (2, 3 * n, 4)) for m in members], dim))
             xi = x.transpose(1, 2).contiguous()  # (2, 4, 3n): last dim = 3 segments of n blocks
             got = all_gather(xi, -1, axes, dm, interleave=3)
@@ -75,7 +75,7 @@ def _check_collectives(rank: int, shape: tuple[int, ...]) -> int:
         assert kinds == [("all_gather", b * n)] * 3 + [("reduce_scatter", b)] * 2 + [("all_reduce", b)] * 2 + [
             ("all_to_all", b), ("broadcast", b)], kinds
         assert all(c.axes == axes and c.phase == "forward" for c in cc.records)
-        assert cc.records[0].tag == "t"
+        assert cc.records[0].tag == "edge"
         checked += 1
     # empty axes: no-op, nothing recorded
     with CommCounter() as cc:
