@@ -85,5 +85,21 @@ def rms_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -
         u.fwd_flops = flops_per_elem("rms_norm") * lay.local_numel(x.shape, mesh)
         u.bwd_flops = 2 * u.fwd_flops
         u.fwd_bytes, u.bwd_bytes = 2 * x_bytes, 4 * x_bytes
+        _working_sets(u, x, lay, mesh, trained_weight=bool(op.params))
         seq_split = nd >= 3 and bool(lay.dims[-2])
         yield Strategy("seq" if seq_split else "follow", (lay,), (lay,), tuple(params)), u
+
+
+def _working_sets(u: Usage, x: TensorMeta, lay: Layout, mesh: Mesh, *, trained_weight: bool) -> None:
+    """What `layers3d.rms_norm` allocates beyond the saved input and statistics, computing in fp32 (fp64
+    for fp64 inputs). Backward: the output's gradient (as it arrives, and its fp32 copy), x normalised
+    again, the weighted gradient, the input gradient and the product the weight's gradient sums, alive
+    together, then the input gradient cast back. Measured on HF T5 (its T5LayerNorm, 8 gloo ranks, fp32):
+    four input-sized fp32 tensors beside the output's gradient at the weight gradient's sum, the step's
+    peak in a decoder block's backward. Forward: the normalised product (and the fp32 copy of x) beside
+    the output."""
+    x_bytes = local_bytes(x, lay, mesh)
+    wide = lay.local_numel(x.shape, mesh) * (8 if x.dtype == "float64" else 4)
+    cast = wide if x.itemsize * lay.local_numel(x.shape, mesh) != wide else 0
+    u.temp(x_bytes + cast + (4 if trained_weight else 3) * wide + (x_bytes if cast else 0))
+    u.fwd_temp(wide + cast)
