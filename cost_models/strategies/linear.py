@@ -142,6 +142,9 @@ def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
     dw_chain = max(2 * w_eff_bytes if op.attrs.get("weight_transposed") else w_eff_bytes,
                    conversion_working_set(backward_steps(list(w_gather), w_shape_nk, w_item, mesh), w_shape_nk,
                                           w_item, mesh) if w_gather else 0,
+                   # a partial dW reduce-scattered onto the stored shard (measured: torch-cnn's fc under 2d,
+                   # the whole dW, the copied send blocks and the shard at once)
+                   conversion_working_set(st.dw_scatter, w_shape_nk, w_item, mesh),
                    2 * w_store_bytes if dw_ar else 0)
     dx_ws = (conversion_working_set(st.dx, x.shape, x.itemsize, mesh) or x_in_bytes) if input_grad else 0
     bwd = y_out_bytes + (y_eff_bytes if y_eff_bytes > y_out_bytes else 0) + dx_ws \
