@@ -39,10 +39,11 @@ from planner.search.solve.decompose import Decomposition
 from planner.search.solve.driver import infeasible_or_fallback
 from planner.search.solve.eliminate import eliminate
 from planner.search.solve.evaluate import FastEvaluator, evaluate_indexed
-from planner.search.solve.frontier import FrontierPoint, pareto_mask, topological_order
+from planner.search.solve.frontier import FrontierPoint, topological_order, undominated
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import resolve_solver
 from planner.search.solve.min_budget import LeastMemory
+from planner.search.solve.priced_bound import golden_max, max_term_floor
 from planner.search.solve.problem import Solution
 from planner.search.solve.two_level import TwoLevel
 
@@ -75,6 +76,7 @@ class _Priced:
     time_s: float
     peak: int
     bound: float
+    value: float = np.inf  # the minimum of the priced sum itself (what the bounds are built from)
 
 
 class PricedSolve:
@@ -100,11 +102,13 @@ class PricedSolve:
         return self.stopped
 
     # --- one price ------------------------------------------------------------------------------
-    def evaluate(self, price: Price) -> _Priced:
-        """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`."""
+    def evaluate(self, price: Price, record: bool = True) -> _Priced:
+        """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`; with
+        `record`, it joins the priced assignments (and its blocks the columns)."""
         ip, dec = self.ip, self.dec
         tables = [dp.table(price, ip.checkpointing) for dp in self.dps]
-        self.tables.append((price, tables))
+        if record:
+            self.tables.append((price, tables))
         sizes: dict[int, int] = {}
         unary: dict[int, np.ndarray] = {}
         incoming: dict[int, list[tuple[int, np.ndarray]]] = {}
@@ -165,16 +169,38 @@ class PricedSolve:
                 boundary.append((seg.cls, int(p), int(q), bool(flag)))
         time_s, peak = self._evaluate(choice, ckpt)
         value = float(sweep.value)
-        # A bound (module docstring) when c <= b / M, M the number of blocks: the max term is at least the
-        # least op transient (floor) and at least the mean over all blocks of the activations a checkpointed
-        # block recomputes, so it is at least the mix (1 - cM/b)·floor + (c/b)·sum of those.
-        m = len(ip.block_nodes)
+        out = _Priced(price, choice, sorted(ckpt), boundary, time_s, peak, self._bound(price, value), value)
+        if record:
+            self.priced.append(out)
+        return out
+
+    def _bound(self, price: Price, value: float) -> float:
+        """The lower bound a price's minimum proves (module docstring), when c <= b / M, M the number of
+        blocks: the max term is at least `floor` (`_raise_floor`) and at least the mean over all blocks of
+        the activations a checkpointed block recomputes, so it is at least the mix (1 - cM/b)·floor +
+        (c/b)·sum of those. -inf for prices that prove nothing (capped, restricted, a != 1)."""
+        m = len(self.ip.block_nodes)
         valid = (price.a == 1.0 and price.cap == np.inf and not price.only
                  and (price.c == 0.0 or price.c * m <= price.b * (1 + 1e-12)))
-        bound = value + (price.b - price.c * m) * self.floor - price.b * ip.budget if valid else -np.inf
-        out = _Priced(price, choice, sorted(ckpt), boundary, time_s, peak, bound)
-        self.priced.append(out)
-        return out
+        return value + (price.b - price.c * m) * self.floor - price.b * self.ip.budget if valid else -np.inf
+
+    def _raise_floor(self) -> None:
+        """Raise `floor` from the least op transient to the least max term that an assignment that fits can
+        have (`priced_bound.max_term_floor`: exact minima of the additive bytes under transient caps), and
+        recompute every priced assignment's bound with it."""
+        ip = self.ip
+        levels = np.concatenate([t.astype(float) for t in ip.transient]
+                                + [e.transient.ravel().astype(float) for e in ip.edges if e.transient is not None])
+        levels = levels[levels >= self.floor]
+
+        def least_additive(cap: float) -> float:
+            return self.evaluate(Price(0.0, 1.0, 0.0, cap=cap), record=False).value
+
+        found = max_term_floor(levels, least_additive, ip.budget)
+        if found is not None and found > self.floor:
+            self.floor = found
+            for r in self.priced:
+                r.bound = self._bound(r.price, r.value)
 
     # --- the search -------------------------------------------------------------------------------
     def solve(self, solver: str, deadline: float) -> Solution:
@@ -206,38 +232,27 @@ class PricedSolve:
             firsts = [closest] if closest is not None else []
             mixed = [(), *firsts]  # the other short searches only ranked the schemes: their columns stay out
         if any(r.peak <= ip.budget for r in self.priced):  # a bound only matters beside an answer
+            self._raise_floor()
             start_mu = max((r for r in self.priced if np.isfinite(r.bound)), key=lambda r: r.bound).price.b
             self._lift_bound(start_mu / 100, start_mu * 100, deadline)
         return self._finish(start, deadline, solver, firsts, mixed)
 
     def _lift_bound(self, lo: float, hi: float, deadline: float) -> None:
-        """Raise the lower bound: a golden-section search over log(mu) of the bound of prices (1, mu, mu/M)
-        (every checkpointed block's recomputed bytes priced at 1/M: the mean-over-blocks term of `evaluate`'s
-        bound, strong where recompute peaks fill the memory). The bound is concave in mu, so unimodal in
-        log(mu). _BOUND_STEPS prices; their minimisers also join the columns."""
+        """Raise the lower bound: golden-section searches over log(mu) of the bound of prices (1, mu, f·mu/M)
+        for f = 1 (every checkpointed block's recomputed bytes priced at 1/M: the mean-over-blocks term of
+        `evaluate`'s bound, strong where recompute peaks fill the memory), f = 0 (the max term at `floor`
+        alone, strong once `_raise_floor` lifted it) and f = 1/2. Each bound is concave in mu, so unimodal
+        in log(mu). _BOUND_STEPS prices per search; their minimisers also join the columns."""
         m = len(self.ip.block_nodes)
         if not m or not self.ip.checkpointing:
             return
-
-        def bound(log_mu: float) -> float:
+        def bound(log_mu: float, f: float) -> float:
             mu = float(np.exp(log_mu))
-            return self.evaluate(Price(1.0, mu, mu / m)).bound
+            return self.evaluate(Price(1.0, mu, f * mu / m)).bound
 
-        a, b = np.log(lo), np.log(hi)
-        ratio = (np.sqrt(5) - 1) / 2
-        x1, x2 = b - ratio * (b - a), a + ratio * (b - a)
-        f1, f2 = bound(x1), bound(x2)
-        for _ in range(_BOUND_STEPS - 2):
-            if self._late(deadline):
-                return
-            if f1 < f2:
-                a, x1, f1 = x1, x2, f2
-                x2 = a + ratio * (b - a)
-                f2 = bound(x2)
-            else:
-                b, x2, f2 = x2, x1, f1
-                x1 = b - ratio * (b - a)
-                f1 = bound(x1)
+        for f in (1.0, 0.0, 0.5):
+            golden_max(lambda x, f=f: bound(x, f), float(np.log(lo)), float(np.log(hi)), _BOUND_STEPS,
+                       lambda: self._late(deadline))
 
     def _explore(self, only: tuple[str, ...], mu0: float, top: float, deadline: float) -> float | None:
         """The search over prices, restricted to the choices labelled `only` (all when empty): the cheapest
@@ -460,7 +475,7 @@ class PricedSolve:
                 pairs = np.array([(p, q) for p in ps for q in qs], dtype=np.int64).reshape(-1, 2)
                 for pt in dp.points(tables[cls], pairs, both=True):
                     seen.setdefault((pt.p, pt.q, pt.ckpt, pt.choice), pt)
-            out.append(_undominated(list(seen.values())))
+            out.append(undominated(list(seen.values())))
         return out
 
     def _answer(self, r: _Priced, start: float, status: str, gap: float, message: str, bound: float) -> Solution:
@@ -483,19 +498,6 @@ class PricedSolve:
                         seconds=time.perf_counter() - start, solver=resolve_solver(solver),
                         peak_bytes=evaluate_indexed(ip, choice, ckpt)[1], method="priced", message="; ".join(notes),
                         bound=bound)
-
-
-def _undominated(points: list[FrontierPoint]) -> list[FrontierPoint]:
-    """The points no other point of the same boundary and checkpoint flag beats in additive bytes, max-term
-    bytes and time at once: the outer ILP never needs a dominated one, and fewer columns solve faster."""
-    groups: dict[tuple[int, int, bool], list[FrontierPoint]] = {}
-    for pt in points:
-        groups.setdefault((pt.p, pt.q, pt.ckpt), []).append(pt)
-    out = []
-    for pts in groups.values():
-        values = np.array([(pt.add_bytes, pt.max_bytes, pt.time_s) for pt in pts], dtype=float)
-        out += [pt for pt, keep in zip(pts, pareto_mask(values)) if keep]
-    return out
 
 
 def _seg_node(k: int, out: int | None) -> int:
