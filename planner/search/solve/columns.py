@@ -184,10 +184,11 @@ class PricedSolve:
                  and (price.c == 0.0 or price.c * m <= price.b * (1 + 1e-12)))
         return value + (price.b - price.c * m) * self.floor - price.b * self.ip.budget if valid else -np.inf
 
-    def _raise_floor(self) -> None:
+    def _raise_floor(self) -> bool:
         """Raise `floor` from the least op transient to the least max term that an assignment that fits can
         have (`priced_bound.max_term_floor`: exact minima of the additive bytes under transient caps), and
-        recompute every priced assignment's bound with it."""
+        recompute every priced assignment's bound with it. False when that search proves that no assignment
+        fits the budget."""
         ip = self.ip
         levels = np.concatenate([t.astype(float) for t in ip.transient]
                                 + [e.transient.ravel().astype(float) for e in ip.edges if e.transient is not None])
@@ -201,6 +202,7 @@ class PricedSolve:
             self.floor = found
             for r in self.priced:
                 r.bound = self._bound(r.price, r.value)
+        return found is not None
 
     # --- the search -------------------------------------------------------------------------------
     def solve(self, solver: str, deadline: float) -> Solution:
@@ -385,6 +387,11 @@ class PricedSolve:
         # Each stops at its node limit (past it the improvements are small, and some column sets make HiGHS
         # slow to prove optimality); the answer then says so.
         rounds = [([group], _ILP_NODES_UNIFORM) for group in firsts] + [(mixed, _ILP_NODES_MIXED)]
+        if best is None and not self._raise_floor():
+            # proven: nothing fits, so no column ILP can find an answer (and proving that is what takes a
+            # node-limited ILP long); only the least-memory ILP over the last round's columns is left
+            outer = self._outer(mixed)
+            every, rounds = outer.points, []
         cut = False
         for only, nodes in rounds:
             upper = answer[2] if answer is not None else np.inf
