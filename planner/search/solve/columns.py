@@ -57,6 +57,7 @@ _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are 
 _UNIFORM_STEPS = 4  # prices per uniform-scheme search
 _CAPS_TIGHT = 6  # ... and when no price alone gives a plan that fits
 _BOUND_STEPS = 12  # prices of the golden-section search that lifts the lower bound (over 4 decades of mu)
+_FLOOR_PRICES = 32  # least-additive prices (under transient caps) that the max-term floor search may spend
 _CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
 _ILP_GAP = 1e-4  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
 # Branch-and-bound nodes per column ILP: of one uniform scheme's columns, and of all columns. Work, not
@@ -197,7 +198,7 @@ class PricedSolve:
         def least_additive(cap: float) -> float:
             return self.evaluate(Price(0.0, 1.0, 0.0, cap=cap), record=False).value
 
-        found = max_term_floor(levels, least_additive, ip.budget)
+        found = max_term_floor(levels, least_additive, ip.budget, _FLOOR_PRICES)
         if found is not None and found > self.floor:
             self.floor = found
             for r in self.priced:

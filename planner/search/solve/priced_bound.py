@@ -27,8 +27,11 @@ import numpy as np
 __all__ = ["max_term_floor", "golden_max"]
 
 
-def max_term_floor(levels: np.ndarray, least_additive: Callable[[float], float], budget: int) -> float | None:
-    """The least of `levels` with least_additive(level) + level <= budget (None when none has it).
+def max_term_floor(levels: np.ndarray, least_additive: Callable[[float], float], budget: int,
+                   most: int | None = None) -> float | None:
+    """The least of `levels` with least_additive(level) + level <= budget (None when none has it), or,
+    once `most` calls of least_additive are spent, the least level not yet ruled out (still a floor: every
+    level below it is ruled out; a count, so the answer does not depend on the machine's speed).
 
     least_additive(L) must be F(L) above: exact, and non-increasing in L (a larger cap allows more). So
     for levels l_i <= ... <= l_k, F(l_k) + l_i > budget rules out the whole range at once (each level in it
@@ -36,22 +39,20 @@ def max_term_floor(levels: np.ndarray, least_additive: Callable[[float], float],
     so it calls least_additive about log2(len(levels)) times per range it cannot rule out."""
     values = np.unique(np.asarray(levels, dtype=float))
     cache: dict[int, float] = {}
-
-    def least(k: int) -> float:
+    ranges = [(0, len(values) - 1)] if len(values) else []
+    while ranges:
+        i, k = ranges.pop()  # every level left of i is ruled out
         if k not in cache:
+            if most is not None and len(cache) >= most:
+                return float(values[i])
             cache[k] = float(least_additive(float(values[k])))
-        return cache[k]
-
-    def first(i: int, k: int) -> float | None:
-        if not least(k) + values[i] <= budget:  # also when nothing fits under the cap (inf)
-            return None
+        if not cache[k] + values[i] <= budget:  # also when nothing fits under the cap (inf)
+            continue
         if i == k:
             return float(values[i])
         mid = (i + k) // 2
-        left = first(i, mid)
-        return left if left is not None else first(mid + 1, k)
-
-    return first(0, len(values) - 1) if len(values) else None
+        ranges += [(mid + 1, k), (i, mid)]
+    return None
 
 
 def golden_max(value: Callable[[float], float], lo: float, hi: float, steps: int,

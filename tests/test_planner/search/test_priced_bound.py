@@ -41,6 +41,14 @@ def test_max_term_floor_is_the_least_of_its_levels_that_passes(seed: int) -> Non
     scan = next((lv for lv in levels if table[lv] + lv <= budget), None)
     assert max_term_floor(levels, f, budget) == scan
     assert len(calls) <= len(levels)
+    for most in (1, 2, 4):  # stopped early: still a floor (no passing level below it), never "none fits" wrongly
+        calls.clear()
+        early = max_term_floor(levels, f, budget, most)
+        assert len(calls) <= most
+        if scan is None:
+            assert early is None or early in table
+        else:
+            assert early is not None and early <= scan
 
 
 def test_raised_floor_is_below_every_fitting_assignments_max_term() -> None:
