@@ -14,10 +14,9 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import replace
 
 from planner.search.solve.brute_force import brute_force
-from planner.search.solve.columns import GAP_TOLERANCE, PricedSolve
+from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import Decomposition, NotDecomposable, decompose
 from planner.search.solve.driver import solve_built
 from planner.search.solve.evaluate import evaluate, evaluate_indexed
@@ -30,7 +29,7 @@ from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, Pr
 from planner.search.solve.two_level import TwoLevel
 
 __all__ = [
-    "AUTO_FLAT_LIMIT", "METHODS", "POLISH_FLAT_LIMIT", "POLISH_GAP", "PROGRESS_DELAY_S", "Block", "Choice", "FrontierTooLarge", "NotDecomposable",
+    "AUTO_FLAT_LIMIT", "METHODS", "PROGRESS_DELAY_S", "Block", "Choice", "FrontierTooLarge", "NotDecomposable",
     "Problem", "ProblemEdge", "ProblemError", "ProblemNode", "Solution", "SolverError", "brute_force", "evaluate",
     "solve",
 ]
@@ -45,14 +44,6 @@ METHODS = ("auto", "flat", "priced", "two_level")
 AUTO_FLAT_LIMIT = 50
 # progress=True shows a line only for solves longer than this (seconds)
 PROGRESS_DELAY_S = 1.0
-# method="auto" hands a priced answer whose gap stays above POLISH_GAP to the flat ILP as a MIP start when
-# the flat ILP has at most POLISH_FLAT_LIMIT integer variables: the priced search's Lagrangian bound cannot
-# close a duality gap (a tight budget between two far-apart points of the time/memory frontier), the flat
-# ILP's branch and bound can, and on a small model it does so in its work limit (hf-llama on a 1-D mesh of
-# 8 at 4x its smallest budget, 243 binaries: priced gap 14 %, proven optimal in 0.5 s more). At 955
-# binaries (its 2x2x2 mesh) the flat ILP spends 5-11 s to halve the gap without closing it: left out.
-POLISH_GAP = 0.01
-POLISH_FLAT_LIMIT = 500
 
 
 def _pick_method(ip: IndexedProblem) -> tuple[str, Decomposition | None]:
@@ -74,33 +65,6 @@ def _flat_starts(ip: IndexedProblem) -> dict[str, tuple[list[int], list[int]] | 
     found = priced_starts(ip)
     return {key: None if s is None else (s.choice, s.ckpt)
             for key, s in (("initial", found.fastest), ("least_initial", found.least))}
-
-
-def _polishable(ip: IndexedProblem, sol: Solution) -> bool:
-    return (sol.status == "feasible" and not (sol.gap <= POLISH_GAP) and bool(sol.choice)
-            and flat_size(ip) <= POLISH_FLAT_LIMIT)
-
-
-def _polish(ip: IndexedProblem, sol: Solution, solver: str, deadline: float) -> Solution:
-    """The flat ILP started from `sol` (see POLISH_GAP): its answer when faster, and the better of the two
-    lower bounds; status "optimal" when the flat ILP proves it. Limits are the flat ILP's (work, not time)."""
-    start = (([sol.choice[n] for n in ip.names], [ip.block_names.index(b) for b in sol.checkpointed]))
-    flat = solve_built(ip, lambda mode, budget: build_flat(ip, mode, budget), solver=solver, deadline=deadline,
-                       method="flat", initial=start)
-    if flat.status not in ("optimal", "feasible"):
-        return sol
-    best = flat if flat.objective < sol.objective else sol
-    if flat.status == "optimal":
-        bound = flat.objective
-    else:
-        bound = max((b for b in (sol.bound, flat.bound) if b == b), default=float("nan"))
-    gap = max(0.0, (best.objective - bound) / best.objective) if best.objective > 0 and bound == bound else float("nan")
-    status = "optimal" if flat.status == "optimal" or gap <= GAP_TOLERANCE else "feasible"
-    note = "the flat ILP, started from the priced answer, " + ("proved it optimal" if status == "optimal" else
-                                                             f"left a gap of {gap:.2%}")
-    return replace(best, status=status, gap=0.0 if status == "optimal" else gap, bound=bound,
-                   seconds=sol.seconds + flat.seconds,
-                   message=note if status == "optimal" else "; ".join(m for m in (sol.message, note) if m))
 
 
 def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs", time_limit: float | None = None,
@@ -158,8 +122,6 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         if sol is None:
             sol = solve_built(ip, lambda mode, budget: build_flat(ip, mode, budget), solver=name,
                               deadline=deadline, method="flat", **_flat_starts(ip))
-        elif method == "auto" and _polishable(ip, sol):
-            sol = _polish(ip, sol, name, deadline)
     if sol.choice:  # the figures of the problem as given (folding reorders float sums in the last bits)
         vec = [sol.choice[name] for name in exact.names]
         sol.objective, sol.peak_bytes, _ = evaluate_indexed(exact, vec, [exact.block_index(b) for b in sol.checkpointed])

@@ -6,11 +6,10 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.search.solve import POLISH_FLAT_LIMIT, POLISH_GAP, brute_force, solve
+from planner.search.solve import brute_force, solve
 from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import decompose
 from planner.search.solve.evaluate import evaluate_indexed
-from planner.search.solve.ilp import flat_size
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.priced_bound import golden_max, max_term_floor
 from planner.search.solve.synthetic import repeated_blocks
@@ -100,27 +99,3 @@ def test_golden_max_finds_the_maximum_of_a_concave_function() -> None:
 
     golden_max(value, -5.0, 5.0, 30)
     assert max(seen, key=seen.get) == pytest.approx(1.7, abs=1e-4)
-
-
-def test_auto_hands_a_priced_answer_with_a_gap_to_the_flat_ilp() -> None:
-    """method="auto" on small decomposable problems: where the priced gap stays above POLISH_GAP, the flat
-    ILP started from it never makes the answer slower or the gap wider, its bound stays below the exact
-    optimum, and when it says optimal it is."""
-    polished = 0
-    for seed in range(10):
-        rng = np.random.default_rng(900 + seed)
-        problem = repeated_blocks(rng, n_blocks=4, block_nodes=4, choices=3, residual=seed % 2 == 0,
-                                  budget_fraction=float(rng.uniform(0.35, 0.7)))
-        assert flat_size(IndexedProblem(problem)) <= POLISH_FLAT_LIMIT
-        priced, auto, exact = solve(problem, method="priced"), solve(problem), solve(problem, method="flat")
-        if exact.status != "optimal":
-            continue
-        assert auto.status in ("optimal", "feasible") and auto.peak_bytes <= problem.budget_bytes
-        assert exact.objective * (1 - 1e-9) <= auto.objective <= priced.objective * (1 + 1e-12)
-        assert auto.bound <= exact.objective * (1 + 1e-9)
-        if auto.status == "optimal":
-            assert auto.objective == pytest.approx(exact.objective, rel=1e-6)
-        if priced.status == "feasible" and priced.gap > POLISH_GAP:
-            polished += 1
-            assert auto.gap <= priced.gap + 1e-12
-    assert polished  # some answers did go through the flat ILP (else this checks nothing new)
