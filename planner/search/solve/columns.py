@@ -7,7 +7,8 @@ variable-elimination sweep over the nodes outside blocks (`planner.search.solve.
 
 * an assignment (re-evaluated exactly: feasible when its peak fits), and
 * a lower bound: for every assignment x that fits, time(x) >= min_y [time(y) + mu·additive(y)] +
-  mu·(floor - budget), with floor the least max term any assignment has.
+  mu·(floor - budget), with floor the least max term an assignment that fits can have
+  (`planner.search.solve.priced_bound`).
 
 A search over mu finds the cheapest price whose assignment fits. The blocks priced along the way are the
 columns of the two-level outer ILP (`planner.search.solve.two_level`, with counts of identical blocks per
@@ -20,8 +21,7 @@ the bytes a checkpointed block recomputes priced like additive bytes (its recomp
 its largest working set, is then the max term to shrink). Before each column ILP the columns that cannot
 be in an answer that fits, or that beats the best answer so far, are dropped (`_usable`): at tight budgets
 that is most of them (gpt-tiny on 2x2x2 at 420 KiB: 11,184 -> 1,299), and the ILP that timed out without
-an answer solves in a few seconds. And so that the mix is never
-worse than one scheme throughout (what a user would otherwise pick), a short search per uniform scheme
+an answer solves in a few seconds. And so that the mix is never worse than one scheme throughout (what a user would otherwise pick), a short search per uniform scheme
 ranks them; the closest gets the full search and a column ILP of its own blocks, whose answer prunes the
 ILP of all blocks (at a budget that no price fits, every scheme gets the full search and its own ILP).
 """
@@ -43,7 +43,7 @@ from planner.search.solve.frontier import FrontierPoint, topological_order, undo
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import resolve_solver
 from planner.search.solve.min_budget import LeastMemory
-from planner.search.solve.priced_bound import golden_max, max_term_floor
+from planner.search.solve.priced_bound import golden_max, max_term_floor, transient_levels
 from planner.search.solve.problem import Solution
 from planner.search.solve.two_level import TwoLevel
 
@@ -57,6 +57,7 @@ _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are 
 _UNIFORM_STEPS = 4  # prices per uniform-scheme search
 _CAPS_TIGHT = 6  # ... and when no price alone gives a plan that fits
 _BOUND_STEPS = 12  # prices of the golden-section search that lifts the lower bound (over 4 decades of mu)
+_LIFT_GAP = 0.01  # past this gap after the first bound search, the floor is raised and two more searches run
 _FLOOR_PRICES = 32  # least-additive prices (under transient caps) that the max-term floor search may spend
 _CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
 _ILP_GAP = 1e-4  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
@@ -190,15 +191,12 @@ class PricedSolve:
         have (`priced_bound.max_term_floor`: exact minima of the additive bytes under transient caps), and
         recompute every priced assignment's bound with it. False when that search proves that no assignment
         fits the budget."""
-        ip = self.ip
-        levels = np.concatenate([t.astype(float) for t in ip.transient]
-                                + [e.transient.ravel().astype(float) for e in ip.edges if e.transient is not None])
-        levels = levels[levels >= self.floor]
+        levels = transient_levels(self.ip)
 
         def least_additive(cap: float) -> float:
             return self.evaluate(Price(0.0, 1.0, 0.0, cap=cap), record=False).value
 
-        found = max_term_floor(levels, least_additive, ip.budget, _FLOOR_PRICES)
+        found = max_term_floor(levels[levels >= self.floor], least_additive, self.ip.budget, _FLOOR_PRICES)
         if found is not None and found > self.floor:
             self.floor = found
             for r in self.priced:
@@ -235,17 +233,19 @@ class PricedSolve:
             firsts = [closest] if closest is not None else []
             mixed = [(), *firsts]  # the other short searches only ranked the schemes: their columns stay out
         if any(r.peak <= ip.budget for r in self.priced):  # a bound only matters beside an answer
-            self._raise_floor()
             start_mu = max((r for r in self.priced if np.isfinite(r.bound)), key=lambda r: r.bound).price.b
-            self._lift_bound(start_mu / 100, start_mu * 100, deadline)
+            self._lift_bound(start_mu / 100, start_mu * 100, deadline, (1.0,))
+            best = min(r.time_s for r in self.priced if r.peak <= ip.budget)
+            if best - max(r.bound for r in self.priced) > _LIFT_GAP * best and self._raise_floor():
+                self._lift_bound(start_mu / 100, start_mu * 100, deadline, (0.0, 0.5))
         return self._finish(start, deadline, solver, firsts, mixed)
 
-    def _lift_bound(self, lo: float, hi: float, deadline: float) -> None:
-        """Raise the lower bound: golden-section searches over log(mu) of the bound of prices (1, mu, f·mu/M)
-        for f = 1 (every checkpointed block's recomputed bytes priced at 1/M: the mean-over-blocks term of
-        `evaluate`'s bound, strong where recompute peaks fill the memory), f = 0 (the max term at `floor`
-        alone, strong once `_raise_floor` lifted it) and f = 1/2. Each bound is concave in mu, so unimodal
-        in log(mu). _BOUND_STEPS prices per search; their minimisers also join the columns."""
+    def _lift_bound(self, lo: float, hi: float, deadline: float, weights: tuple[float, ...]) -> None:
+        """Raise the lower bound: golden-section searches over log(mu) of the bound of prices (1, mu, f·mu/M),
+        one per f of `weights`: f = 1 prices every checkpointed block's recomputed bytes at 1/M (the mean-over-
+        blocks term of `_bound`, strong where recompute peaks fill the memory), f = 0 counts the max term at
+        `floor` alone (strong once `_raise_floor` lifted it). Each bound is concave in mu, so unimodal in
+        log(mu). _BOUND_STEPS prices per search; their minimisers also join the columns."""
         m = len(self.ip.block_nodes)
         if not m or not self.ip.checkpointing:
             return
@@ -253,7 +253,7 @@ class PricedSolve:
             mu = float(np.exp(log_mu))
             return self.evaluate(Price(1.0, mu, f * mu / m)).bound
 
-        for f in (1.0, 0.0, 0.5):
+        for f in weights:
             golden_max(lambda x, f=f: bound(x, f), float(np.log(lo)), float(np.log(hi)), _BOUND_STEPS,
                        lambda: self._late(deadline))
 

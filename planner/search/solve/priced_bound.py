@@ -24,7 +24,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["max_term_floor", "golden_max"]
+from planner.search.solve.indexed import IndexedProblem
+
+__all__ = ["golden_max", "max_term_floor", "transient_levels"]
+
+
+def transient_levels(ip: IndexedProblem) -> np.ndarray:
+    """Every value a transient can take: op working sets and conversion working sets, sorted, unique."""
+    return np.unique(np.concatenate([t.astype(float) for t in ip.transient]
+                                    + [e.transient.ravel().astype(float) for e in ip.edges if e.transient is not None]))
 
 
 def max_term_floor(levels: np.ndarray, least_additive: Callable[[float], float], budget: int,
