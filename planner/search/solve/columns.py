@@ -237,6 +237,7 @@ class PricedSolve:
             self._lift_bound(start_mu / 100, start_mu * 100, deadline, (1.0,))
             best = min(r.time_s for r in self.priced if r.peak <= ip.budget)
             if best - max(r.bound for r in self.priced) > _LIFT_GAP * best and self._raise_floor():
+                start_mu = max((r for r in self.priced if np.isfinite(r.bound)), key=lambda r: r.bound).price.b
                 self._lift_bound(start_mu / 100, start_mu * 100, deadline, (0.0, 0.5))
         return self._finish(start, deadline, solver, firsts, mixed)
 
