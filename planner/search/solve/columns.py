@@ -7,7 +7,8 @@ variable-elimination sweep over the nodes outside blocks (`planner.search.solve.
 
 * an assignment (re-evaluated exactly: feasible when its peak fits), and
 * a lower bound: for every assignment x that fits, time(x) >= min_y [time(y) + mu·additive(y)] +
-  mu·(floor - budget), with floor the least max term any assignment has.
+  mu·(floor - budget), with floor the least max term an assignment that fits can have
+  (`planner.search.solve.priced_bound`).
 
 A search over mu finds the cheapest price whose assignment fits. The blocks priced along the way are the
 columns of the two-level outer ILP (`planner.search.solve.two_level`, with counts of identical blocks per
@@ -20,8 +21,7 @@ the bytes a checkpointed block recomputes priced like additive bytes (its recomp
 its largest working set, is then the max term to shrink). Before each column ILP the columns that cannot
 be in an answer that fits, or that beats the best answer so far, are dropped (`_usable`): at tight budgets
 that is most of them (gpt-tiny on 2x2x2 at 420 KiB: 11,184 -> 1,299), and the ILP that timed out without
-an answer solves in a few seconds. And so that the mix is never
-worse than one scheme throughout (what a user would otherwise pick), a short search per uniform scheme
+an answer solves in a few seconds. And so that the mix is never worse than one scheme throughout (what a user would otherwise pick), a short search per uniform scheme
 ranks them; the closest gets the full search and a column ILP of its own blocks, whose answer prunes the
 ILP of all blocks (at a budget that no price fits, every scheme gets the full search and its own ILP).
 """
@@ -39,10 +39,11 @@ from planner.search.solve.decompose import Decomposition
 from planner.search.solve.driver import infeasible_or_fallback
 from planner.search.solve.eliminate import eliminate
 from planner.search.solve.evaluate import FastEvaluator, evaluate_indexed
-from planner.search.solve.frontier import FrontierPoint, pareto_mask, topological_order
+from planner.search.solve.frontier import FrontierPoint, topological_order, undominated
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import resolve_solver
 from planner.search.solve.min_budget import LeastMemory
+from planner.search.solve.priced_bound import golden_max, max_term_floor, transient_levels
 from planner.search.solve.problem import Solution
 from planner.search.solve.two_level import TwoLevel
 
@@ -56,6 +57,8 @@ _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are 
 _UNIFORM_STEPS = 4  # prices per uniform-scheme search
 _CAPS_TIGHT = 6  # ... and when no price alone gives a plan that fits
 _BOUND_STEPS = 12  # prices of the golden-section search that lifts the lower bound (over 4 decades of mu)
+_LIFT_GAP = 0.05  # past this gap after the first bound search, the floor is raised and two more searches run
+_FLOOR_PRICES = 32  # least-additive prices (under transient caps) that the max-term floor search may spend
 _CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
 _ILP_GAP = 1e-4  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
 # Branch-and-bound nodes per column ILP: of one uniform scheme's columns, and of all columns. Work, not
@@ -75,6 +78,7 @@ class _Priced:
     time_s: float
     peak: int
     bound: float
+    value: float = np.inf  # the minimum of the priced sum itself (what the bounds are built from)
 
 
 class PricedSolve:
@@ -100,11 +104,13 @@ class PricedSolve:
         return self.stopped
 
     # --- one price ------------------------------------------------------------------------------
-    def evaluate(self, price: Price) -> _Priced:
-        """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`."""
+    def evaluate(self, price: Price, record: bool = True) -> _Priced:
+        """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`; with
+        `record`, it joins the priced assignments (and its blocks the columns)."""
         ip, dec = self.ip, self.dec
         tables = [dp.table(price, ip.checkpointing) for dp in self.dps]
-        self.tables.append((price, tables))
+        if record:
+            self.tables.append((price, tables))
         sizes: dict[int, int] = {}
         unary: dict[int, np.ndarray] = {}
         incoming: dict[int, list[tuple[int, np.ndarray]]] = {}
@@ -165,16 +171,37 @@ class PricedSolve:
                 boundary.append((seg.cls, int(p), int(q), bool(flag)))
         time_s, peak = self._evaluate(choice, ckpt)
         value = float(sweep.value)
-        # A bound (module docstring) when c <= b / M, M the number of blocks: the max term is at least the
-        # least op transient (floor) and at least the mean over all blocks of the activations a checkpointed
-        # block recomputes, so it is at least the mix (1 - cM/b)·floor + (c/b)·sum of those.
-        m = len(ip.block_nodes)
+        out = _Priced(price, choice, sorted(ckpt), boundary, time_s, peak, self._bound(price, value), value)
+        if record:
+            self.priced.append(out)
+        return out
+
+    def _bound(self, price: Price, value: float) -> float:
+        """The lower bound a price's minimum proves (module docstring), when c <= b / M, M the number of
+        blocks: the max term is at least `floor` (`_raise_floor`) and at least the mean over all blocks of
+        the activations a checkpointed block recomputes, so it is at least the mix (1 - cM/b)·floor +
+        (c/b)·sum of those. -inf for prices that prove nothing (capped, restricted, a != 1)."""
+        m = len(self.ip.block_nodes)
         valid = (price.a == 1.0 and price.cap == np.inf and not price.only
                  and (price.c == 0.0 or price.c * m <= price.b * (1 + 1e-12)))
-        bound = value + (price.b - price.c * m) * self.floor - price.b * ip.budget if valid else -np.inf
-        out = _Priced(price, choice, sorted(ckpt), boundary, time_s, peak, bound)
-        self.priced.append(out)
-        return out
+        return value + (price.b - price.c * m) * self.floor - price.b * self.ip.budget if valid else -np.inf
+
+    def _raise_floor(self) -> bool:
+        """Raise `floor` from the least op transient to the least max term that an assignment that fits can
+        have (`priced_bound.max_term_floor`: exact minima of the additive bytes under transient caps), and
+        recompute every priced assignment's bound with it. False when that search proves that no assignment
+        fits the budget."""
+        levels = transient_levels(self.ip)
+
+        def least_additive(cap: float) -> float:
+            return self.evaluate(Price(0.0, 1.0, 0.0, cap=cap), record=False).value
+
+        found = max_term_floor(levels[levels >= self.floor], least_additive, self.ip.budget, _FLOOR_PRICES)
+        if found is not None and found > self.floor:
+            self.floor = found
+            for r in self.priced:
+                r.bound = self._bound(r.price, r.value)
+        return found is not None
 
     # --- the search -------------------------------------------------------------------------------
     def solve(self, solver: str, deadline: float) -> Solution:
@@ -207,37 +234,29 @@ class PricedSolve:
             mixed = [(), *firsts]  # the other short searches only ranked the schemes: their columns stay out
         if any(r.peak <= ip.budget for r in self.priced):  # a bound only matters beside an answer
             start_mu = max((r for r in self.priced if np.isfinite(r.bound)), key=lambda r: r.bound).price.b
-            self._lift_bound(start_mu / 100, start_mu * 100, deadline)
+            self._lift_bound(start_mu / 100, start_mu * 100, deadline, (1.0,))
+            best = min(r.time_s for r in self.priced if r.peak <= ip.budget)
+            if best - max(r.bound for r in self.priced) > _LIFT_GAP * best and self._raise_floor():
+                start_mu = max((r for r in self.priced if np.isfinite(r.bound)), key=lambda r: r.bound).price.b
+                self._lift_bound(start_mu / 100, start_mu * 100, deadline, (0.0, 0.5))
         return self._finish(start, deadline, solver, firsts, mixed)
 
-    def _lift_bound(self, lo: float, hi: float, deadline: float) -> None:
-        """Raise the lower bound: a golden-section search over log(mu) of the bound of prices (1, mu, mu/M)
-        (every checkpointed block's recomputed bytes priced at 1/M: the mean-over-blocks term of `evaluate`'s
-        bound, strong where recompute peaks fill the memory). The bound is concave in mu, so unimodal in
-        log(mu). _BOUND_STEPS prices; their minimisers also join the columns."""
+    def _lift_bound(self, lo: float, hi: float, deadline: float, weights: tuple[float, ...]) -> None:
+        """Raise the lower bound: golden-section searches over log(mu) of the bound of prices (1, mu, f·mu/M),
+        one per f of `weights`: f = 1 prices every checkpointed block's recomputed bytes at 1/M (the mean-over-
+        blocks term of `_bound`, strong where recompute peaks fill the memory), f = 0 counts the max term at
+        `floor` alone (strong once `_raise_floor` lifted it). Each bound is concave in mu, so unimodal in
+        log(mu). _BOUND_STEPS prices per search; their minimisers also join the columns."""
         m = len(self.ip.block_nodes)
         if not m or not self.ip.checkpointing:
             return
-
-        def bound(log_mu: float) -> float:
+        def bound(log_mu: float, f: float) -> float:
             mu = float(np.exp(log_mu))
-            return self.evaluate(Price(1.0, mu, mu / m)).bound
+            return self.evaluate(Price(1.0, mu, f * mu / m)).bound
 
-        a, b = np.log(lo), np.log(hi)
-        ratio = (np.sqrt(5) - 1) / 2
-        x1, x2 = b - ratio * (b - a), a + ratio * (b - a)
-        f1, f2 = bound(x1), bound(x2)
-        for _ in range(_BOUND_STEPS - 2):
-            if self._late(deadline):
-                return
-            if f1 < f2:
-                a, x1, f1 = x1, x2, f2
-                x2 = a + ratio * (b - a)
-                f2 = bound(x2)
-            else:
-                b, x2, f2 = x2, x1, f1
-                x1 = b - ratio * (b - a)
-                f1 = bound(x1)
+        for f in weights:
+            golden_max(lambda x, f=f: bound(x, f), float(np.log(lo)), float(np.log(hi)), _BOUND_STEPS,
+                       lambda: self._late(deadline))
 
     def _explore(self, only: tuple[str, ...], mu0: float, top: float, deadline: float) -> float | None:
         """The search over prices, restricted to the choices labelled `only` (all when empty): the cheapest
@@ -370,6 +389,11 @@ class PricedSolve:
         # Each stops at its node limit (past it the improvements are small, and some column sets make HiGHS
         # slow to prove optimality); the answer then says so.
         rounds = [([group], _ILP_NODES_UNIFORM) for group in firsts] + [(mixed, _ILP_NODES_MIXED)]
+        if best is None and not self._raise_floor():
+            # proven: nothing fits, so no column ILP can find an answer (and proving that is what takes a
+            # node-limited ILP long); only the least-memory ILP over the last round's columns is left
+            outer = self._outer(mixed)
+            every, rounds = outer.points, []
         cut = False
         for only, nodes in rounds:
             upper = answer[2] if answer is not None else np.inf
@@ -460,7 +484,7 @@ class PricedSolve:
                 pairs = np.array([(p, q) for p in ps for q in qs], dtype=np.int64).reshape(-1, 2)
                 for pt in dp.points(tables[cls], pairs, both=True):
                     seen.setdefault((pt.p, pt.q, pt.ckpt, pt.choice), pt)
-            out.append(_undominated(list(seen.values())))
+            out.append(undominated(list(seen.values())))
         return out
 
     def _answer(self, r: _Priced, start: float, status: str, gap: float, message: str, bound: float) -> Solution:
@@ -483,19 +507,6 @@ class PricedSolve:
                         seconds=time.perf_counter() - start, solver=resolve_solver(solver),
                         peak_bytes=evaluate_indexed(ip, choice, ckpt)[1], method="priced", message="; ".join(notes),
                         bound=bound)
-
-
-def _undominated(points: list[FrontierPoint]) -> list[FrontierPoint]:
-    """The points no other point of the same boundary and checkpoint flag beats in additive bytes, max-term
-    bytes and time at once: the outer ILP never needs a dominated one, and fewer columns solve faster."""
-    groups: dict[tuple[int, int, bool], list[FrontierPoint]] = {}
-    for pt in points:
-        groups.setdefault((pt.p, pt.q, pt.ckpt), []).append(pt)
-    out = []
-    for pts in groups.values():
-        values = np.array([(pt.add_bytes, pt.max_bytes, pt.time_s) for pt in pts], dtype=float)
-        out += [pt for pt, keep in zip(pts, pareto_mask(values)) if keep]
-    return out
 
 
 def _seg_node(k: int, out: int | None) -> int:

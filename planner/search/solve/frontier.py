@@ -28,7 +28,7 @@ import numpy as np
 from cost_models.errors import PlannerError
 
 __all__ = [
-    "BlockShape", "FrontierPoint", "FrontierTimeout", "FrontierTooLarge", "Prune", "SweepPlan", "block_frontier",
+    "BlockShape", "FrontierPoint", "FrontierTimeout", "FrontierTooLarge", "Prune", "SweepPlan", "block_frontier", "undominated",
     "group_pareto", "pareto_mask", "plan_sweep", "topological_order",
 ]
 
@@ -273,3 +273,16 @@ def block_frontier(shape: BlockShape, *, checkpointing: bool, with_time: bool = 
                 points.append(FrontierPoint(p, q_, ckpt, int(round(table[j, 1])), int(round(table[j, 2])),
                                             float(table[j, 3]), choice))
     return points
+
+
+def undominated(points: list[FrontierPoint]) -> list[FrontierPoint]:
+    """The points no other point of the same boundary and checkpoint flag beats in additive bytes, max-term
+    bytes and time at once: the outer ILP never needs a dominated one, and fewer columns solve faster."""
+    groups: dict[tuple[int, int, bool], list[FrontierPoint]] = {}
+    for pt in points:
+        groups.setdefault((pt.p, pt.q, pt.ckpt), []).append(pt)
+    out = []
+    for pts in groups.values():
+        values = np.array([(pt.add_bytes, pt.max_bytes, pt.time_s) for pt in pts], dtype=float)
+        out += [pt for pt, keep in zip(pts, pareto_mask(values)) if keep]
+    return out

@@ -1,0 +1,101 @@
+"""The priced search's lower bound at tight budgets: the raised max-term floor against enumeration, its
+range search against a plain scan, and the bound against the exact optimum."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from planner.search.solve import brute_force, solve
+from planner.search.solve.columns import PricedSolve
+from planner.search.solve.decompose import decompose
+from planner.search.solve.evaluate import evaluate_indexed
+from planner.search.solve.indexed import IndexedProblem
+from planner.search.solve.priced_bound import golden_max, max_term_floor
+from planner.search.solve.synthetic import repeated_blocks
+
+
+def _every_assignment(ip: IndexedProblem):
+    """(time, peak, max term) of every assignment: every choice vector and set of checkpointed blocks."""
+    blocks = range(len(ip.block_nodes))
+    for choice in itertools.product(*(range(s) for s in ip.sizes)):
+        for k in range(len(ip.block_nodes) + 1):
+            for ckpt in itertools.combinations(blocks, k):
+                time_s, peak, parts = evaluate_indexed(ip, list(choice), list(ckpt))
+                yield time_s, peak, parts["transient_bytes"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_max_term_floor_is_the_least_of_its_levels_that_passes(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    levels = np.unique(rng.integers(0, 100, 30)).astype(float)
+    least = np.sort(rng.integers(0, 200, len(levels)))[::-1].astype(float)  # non-increasing in the level
+    table = dict(zip(levels.tolist(), least.tolist()))
+    budget = int(rng.integers(50, 250))
+    calls: list[float] = []
+
+    def f(cap: float) -> float:
+        calls.append(cap)
+        return table[cap]
+
+    scan = next((lv for lv in levels if table[lv] + lv <= budget), None)
+    assert max_term_floor(levels, f, budget) == scan
+    assert len(calls) <= len(levels)
+    for most in (1, 2, 4):  # stopped early: still a floor (no passing level below it), never "none fits" wrongly
+        calls.clear()
+        early = max_term_floor(levels, f, budget, most)
+        assert len(calls) <= most
+        if scan is None:
+            assert early is None or early in table
+        else:
+            assert early is not None and early <= scan
+
+
+def test_raised_floor_is_below_every_fitting_assignments_max_term() -> None:
+    """The floor (the least max term an assignment that fits can have) is a floor: no assignment that fits
+    the budget has a smaller max term, checked against every assignment of small problems at tight
+    budgets (between the least peak and 1.3 times it)."""
+    raised = 0
+    for seed in range(8):
+        rng = np.random.default_rng(100 + seed)
+        problem = repeated_blocks(rng, n_blocks=2, block_nodes=3, choices=2, residual=seed % 2 == 0, mem=1000)
+        every = list(_every_assignment(IndexedProblem(problem)))
+        least_peak = min(peak for _, peak, _ in every)
+        for factor in (1.0, 1.1, 1.3):
+            budget = int(least_peak * factor)
+            ip = IndexedProblem(problem, budget)
+            ps = PricedSolve(ip, decompose(ip))
+            before = ps.floor
+            ps._raise_floor()
+            fits = [top for _, peak, top in every if peak <= budget]
+            assert fits and min(fits) >= ps.floor >= before
+            raised += ps.floor > before
+    assert raised  # the raise does happen on some (else the test would check nothing new)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_priced_bound_is_below_the_optimum_at_tight_budgets(seed: int) -> None:
+    rng = np.random.default_rng(700 + seed)
+    problem = repeated_blocks(rng, n_blocks=int(rng.integers(2, 4)), block_nodes=3, choices=2,
+                              residual=seed % 2 == 0, checkpointing=True)
+    least = solve(problem, budget=0, method="priced").min_feasible_budget
+    for factor in (1.0, 1.2, 1.6):
+        problem.budget_bytes = int(least * factor)
+        ref, priced = brute_force(problem), solve(problem, method="priced")
+        if ref.status != "optimal":
+            continue
+        assert priced.status in ("optimal", "feasible") and priced.peak_bytes <= problem.budget_bytes
+        assert priced.bound <= ref.objective * (1 + 1e-9)
+        assert priced.objective >= ref.objective * (1 - 1e-9)
+        assert priced.objective * (1 - priced.gap) <= ref.objective * (1 + 1e-9)
+
+
+def test_golden_max_finds_the_maximum_of_a_concave_function() -> None:
+    seen: dict[float, float] = {}
+
+    def value(x: float) -> float:
+        seen[x] = -(x - 1.7) ** 2
+        return seen[x]
+
+    golden_max(value, -5.0, 5.0, 30)
+    assert max(seen, key=seen.get) == pytest.approx(1.7, abs=1e-4)
