@@ -55,24 +55,33 @@ def _ranks(rank: int, name: str, plans: dict[Any, Any]) -> dict[Any, dict[str, A
     return {key: measure_rank(lambda: _build(name), p) for key, p in plans.items()}
 
 
+def _measured(name: str, schemes: tuple[str, ...], checkpointed: bool, tol: float) -> list[tuple[Any, int, dict]]:
+    """Plan `name` under `schemes` (every block checkpointed or none), measure each plan on 8 ranks, check
+    every rank's peak within `tol` of the prediction; (plan key, rank, measurement) for further checks."""
+    model, inputs = _build(name)
+    plans = make_plans(capture(model, inputs, name=name), schemes, (checkpointed,))
+    per_rank = run_ranks(_ranks, 8, timeout_s=600, args=(name, plans))
+    out = []
+    for key in plans:
+        for rank, r in enumerate(x[key] for x in per_rank):
+            peak, pred = r["peak"], r["predicted_peak"]
+            assert abs(peak - pred) <= tol * pred, (
+                f"{name} {key} rank {rank}: measured peak {peak:,} B vs predicted {pred:,} B ({peak / pred:.3f}), "
+                f"peak at {r['peak_op']}")
+            out.append((key, rank, r))
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_peak_and_saved_activations_match_the_measurement(name: str) -> None:
     if not ZOO[name].available():
         pytest.skip(f"{name} needs {ZOO[name].requires}")
-    model, inputs = _build(name)
     schemes, check_saved = CASES[name]
-    plans = make_plans(capture(model, inputs, name=name), schemes, (False,))
-    per_rank = run_ranks(_ranks, 8, timeout_s=600, args=(name, plans))
-    for key in plans:
-        for rank, r in enumerate(x[key] for x in per_rank):
-            peak, pred = r["peak"], r["predicted_peak"]
-            assert abs(peak - pred) <= PEAK_TOL * pred, (
-                f"{name} {key} rank {rank}: measured peak {peak:,} B vs predicted {pred:,} B ({peak / pred:.3f}), "
-                f"peak at {r['peak_op']}")
-            saved, pred_saved = r["activations"], r["predicted_activations"]
-            assert not check_saved or abs(saved - pred_saved) <= SAVED_TOL * pred_saved, (
-                f"{name} {key} rank {rank}: measured saved activations {saved:,} B vs predicted {pred_saved:,} B "
-                f"({saved / pred_saved:.3f})")
+    for key, rank, r in _measured(name, schemes, False, PEAK_TOL):
+        saved, pred_saved = r["activations"], r["predicted_activations"]
+        assert not check_saved or abs(saved - pred_saved) <= SAVED_TOL * pred_saved, (
+            f"{name} {key} rank {rank}: measured saved activations {saved:,} B vs predicted {pred_saved:,} B "
+            f"({saved / pred_saved:.3f})")
 
 
 @pytest.mark.parametrize("name", sorted(CHECKPOINTED))
@@ -81,13 +90,5 @@ def test_checkpointed_peak_matches_the_measurement(name: str) -> None:
     saves again only what its kept inputs do not hold already."""
     if name in ZOO and not ZOO[name].available():
         pytest.skip(f"{name} needs {ZOO[name].requires}")
-    model, inputs = _build(name)
     schemes, tol = CHECKPOINTED[name]
-    plans = make_plans(capture(model, inputs, name=name), schemes, (True,))
-    per_rank = run_ranks(_ranks, 8, timeout_s=600, args=(name, plans))
-    for key in plans:
-        for rank, r in enumerate(x[key] for x in per_rank):
-            peak, pred = r["peak"], r["predicted_peak"]
-            assert abs(peak - pred) <= tol * pred, (
-                f"{name} {key} rank {rank}: measured peak {peak:,} B vs predicted {pred:,} B ({peak / pred:.3f}), "
-                f"peak at {r['peak_op']}")
+    _measured(name, schemes, True, tol)
