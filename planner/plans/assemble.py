@@ -31,7 +31,7 @@ from planner.plans.format import (
     SolverInfo,
 )
 from planner.plans.grad_buffers import gradient_buffers, gradients_alive
-from planner.plans.recompute import before_recomputation, kept_storages, recomputation_peaks
+from planner.plans.recompute import before_recomputation, recomputation_peaks
 from planner.plans.storage import storage_bases
 from planner.search.build import BuiltProblem, _out_layout
 from planner.search.solve import Solution
@@ -228,8 +228,28 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     op_saved: dict[str, int] = {}
     alias = _identity_aliases(graph)
     bases = storage_bases(graph, built, pick)
-    kept_in = kept_storages(graph, built, pick, ckpt,
-                            lambda key: _base_key(key, 0, bases, graph, built, pick)[0])
+    # A checkpointed block keeps its inputs (every tensor from outside it that its ops read, e.g. the hidden
+    # state and the attention mask): each charged to the first op in the block that reads it, a tensor kept
+    # by several blocks (the mask) once. kept_in: per block, the saved-tensor keys of those storages (the
+    # recomputation runs on these very tensors, so a recomputed op saving one, or a view of one, saves
+    # nothing new; a converted copy, keyed `<key>@<op>`, is a new storage).
+    kept: dict[str, int] = {}
+    kept_in: dict[str, set[str]] = {}
+    kept_keys: set[tuple[str, object]] = set()
+    for b in graph.blocks:
+        if b.name not in ckpt:
+            continue
+        inside = set(b.nodes)
+        for n in b.nodes:
+            for src in dict.fromkeys(s for s in nodes[n].inputs if s not in inside):
+                lay = _out_layout(built.strategies[src][pick[src]], nodes[src], nodes[n])
+                kept_in.setdefault(b.name, set()).add(_base_key(tensor_key(src, lay), 0, bases, graph, built, pick)[0])
+                if (src, lay) in kept_keys:
+                    continue
+                kept_keys.add((src, lay))
+                meta = nodes[src].out
+                kept[n] = kept.get(n, 0) + lay.local_numel(meta.shape, mesh) * meta.itemsize
+
     saves: dict[str, set[str]] = {}  # op -> the storage keys of what it saves
     block_fresh: dict[str, int] = {}  # checkpointed op -> bytes of the storages it is the first to save
     unsaved_copies: dict[str, int] = {}  # op -> bytes of converted inputs it reads and does not save
@@ -237,7 +257,8 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
         cost = built.costs[op.name][pick[op.name]]
         fresh = rekept = 0
         copies = own_copy.get(op.name, {})
-        unsaved_copies[op.name] = sum(n for k, n in copies.items() if k not in {t.key for t in cost.saved})
+        saved_keys = {t.key for t in cost.saved}
+        unsaved_copies[op.name] = sum(n for k, n in copies.items() if k not in saved_keys)
         mine = saves.setdefault(op.name, set())
         for t in cost.saved:
             nbytes = t.bytes
@@ -260,24 +281,6 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
             block_fresh[op.name] = fresh - rekept
             block_saved[op.block] = block_saved.get(op.block, 0) + fresh - rekept
             recomputed_upto[op.name] = block_saved[op.block]
-
-    # A checkpointed block keeps its inputs (every tensor from outside it that its ops read, e.g. the hidden
-    # state and the attention mask): each charged to the first op in the block that reads it, a tensor kept
-    # by several blocks (the mask) once.
-    kept: dict[str, int] = {}
-    kept_keys: set[tuple[str, object]] = set()
-    for b in graph.blocks:
-        if b.name not in ckpt:
-            continue
-        inside = set(b.nodes)
-        for n in b.nodes:
-            for src in dict.fromkeys(s for s in nodes[n].inputs if s not in inside):
-                lay = _out_layout(built.strategies[src][pick[src]], nodes[src], nodes[n])
-                if (src, lay) in kept_keys:
-                    continue
-                kept_keys.add((src, lay))
-                meta = nodes[src].out
-                kept[n] = kept.get(n, 0) + lay.local_numel(meta.shape, mesh) * meta.itemsize
 
     # A checkpointed block's gradient waiting through its recomputation: that of the output of the last op
     # in the block that saves anything (the first the backward reaches that unpacks a saved tensor), in the

@@ -67,14 +67,15 @@ def gradient_buffers(nodes: Sequence[OpNode], grad_bytes: dict[str, int], own_tr
     checkpointed block's gradient waiting through its recomputation; counted unless its storage is
     counted already (the op's own output gradient, an open buffer, a waiting gradient).
     """
+    passthrough = passthrough or {}
     out: list[int] = []
-    for i, op, alive, mine in _sweep(nodes, grad_bytes, passthrough or {}):
+    for i, op, alive, mine in _sweep(nodes, grad_bytes, passthrough):
         opened = sum(mine.values())
         work = max(own_transient[i] + opened, opened + 2 * max(mine.values(), default=0))
-        skip = set(mine) | {_root(op.name, passthrough or {})}
+        skip = set(mine) | {_root(op.name, passthrough)}
         waiting = sum(nbytes for r, (_, nbytes) in alive.items() if r not in skip)
         extra = also[i] if also is not None else None
-        if extra is not None and _root(extra[0], passthrough or {}) not in skip | set(alive):
+        if extra is not None and _root(extra[0], passthrough) not in skip | set(alive):
             waiting += extra[1]
         out.append(waiting + work)
     return out

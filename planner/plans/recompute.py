@@ -22,36 +22,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from cost_models.strategies.base import tensor_key
-from planner.search.build import BuiltProblem, _out_layout
+from planner.search.build import BuiltProblem
 from planner.trace.graph import ModelGraph
 
-__all__ = ["kept_storages", "before_recomputation", "recomputation_peaks"]
+__all__ = ["before_recomputation", "recomputation_peaks"]
 
 # ops whose outputs are views of their input whatever the layout (multi-output splits and their items,
 # broadcasting expands, complex views): their outputs make no new storage
 _VIEW_KINDS = ("split", "expand", "complex_view")
-
-
-def kept_storages(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int], ckpt: Iterable[str],
-                  base_key) -> dict[str, set[str]]:
-    """Checkpointed block -> the saved-tensor keys (`base_key(key)`) of the storages its kept inputs hold:
-    the tensors from outside the block that its ops read, as their producers make them (before any
-    conversion into the block). The recomputation runs on those very tensors (non-reentrant checkpoint
-    unpacks the inputs it saved), so a recomputed op saving one of them, or a view of one, saves a storage
-    the checkpoint keeps already; a converted copy (keyed `<key>@<op>`) is a new storage and is not among them."""
-    nodes = {n.name: n for n in graph.nodes}
-    chosen = set(ckpt)
-    out: dict[str, set[str]] = {}
-    for b in graph.blocks:
-        if b.name not in chosen:
-            continue
-        inside = set(b.nodes)
-        keys = out.setdefault(b.name, set())
-        for n in b.nodes:
-            for src in dict.fromkeys(s for s in nodes[n].inputs if s not in inside):
-                lay = _out_layout(built.strategies[src][pick[src]], nodes[src], nodes[n])
-                keys.add(base_key(tensor_key(src, lay)))
-    return out
 
 
 def before_recomputation(graph: ModelGraph, in_ckpt: dict[str, bool], trigger: dict[str, str]) -> set[str]:
