@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]  # this checkout; tests/synthetic_problems
+
+from synthetic_problems import repeated_blocks  # noqa: E402
 
 from planner.search.solve import Problem, Solution, solve  # noqa: E402
-from planner.search.solve.synthetic import repeated_blocks  # noqa: E402
 
 
 def _timed(problem: Problem, method: str, limit: float) -> tuple[Solution, float, float]:

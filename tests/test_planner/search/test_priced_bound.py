@@ -5,6 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
+from synthetic_problems import repeated_blocks
 
 from planner.search.solve import brute_force, solve
 from planner.search.solve.columns import PricedSolve
@@ -12,7 +13,6 @@ from planner.search.solve.decompose import decompose
 from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.priced_bound import golden_max, max_term_floor
-from planner.search.solve.synthetic import repeated_blocks
 
 
 def _every_assignment(ip: IndexedProblem):

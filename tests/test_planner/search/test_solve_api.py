@@ -6,11 +6,11 @@ import time
 
 import numpy as np
 import pytest
+from synthetic_problems import random_problem, repeated_blocks
 
 import planner.search.solve as solve_pkg
 from planner.search.solve import SolverError, brute_force, evaluate, solve
 from planner.search.solve.milp import Progress
-from planner.search.solve.synthetic import random_problem, repeated_blocks
 
 
 def _small(seed: int, fraction: float = 0.6):

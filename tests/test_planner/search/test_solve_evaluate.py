@@ -132,10 +132,10 @@ def test_fast_evaluator_gives_evaluate_indexeds_exact_figures() -> None:
     """The priced search's vectorised evaluation equals the reference formulas bit for bit (same floats,
     same bytes), on random assignments and checkpoint sets of random problems."""
     import numpy as np
+    from synthetic_problems import random_problem
 
     from planner.search.solve.evaluate import FastEvaluator, evaluate_indexed
     from planner.search.solve.indexed import IndexedProblem
-    from planner.search.solve.synthetic import random_problem
 
     rng = np.random.default_rng(0)
     for _ in range(20):

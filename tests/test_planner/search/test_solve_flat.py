@@ -3,11 +3,11 @@ reductions (single-choice nodes and splittable edge matrices need no variables).
 
 import numpy as np
 import pytest
+from synthetic_problems import random_problem
 
 from planner.search.solve import Choice, Problem, ProblemEdge, ProblemNode, brute_force, evaluate, solve
 from planner.search.solve.ilp import build_flat, flat_size
 from planner.search.solve.indexed import IndexedProblem
-from planner.search.solve.synthetic import random_problem
 
 SEEDS = range(30)
 

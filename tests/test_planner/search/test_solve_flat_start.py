@@ -4,6 +4,7 @@ better) and an honest gap instead of running for minutes."""
 
 import numpy as np
 import pytest
+from synthetic_problems import encoder_decoder
 
 from planner.search.solve import brute_force, driver, evaluate, solve
 from planner.search.solve.decompose import NotDecomposable, decompose
@@ -12,7 +13,6 @@ from planner.search.solve.flat_start import priced_starts
 from planner.search.solve.ilp import build_flat, flat_size
 from planner.search.solve.indexed import IndexedProblem, fold_fixed_edges
 from planner.search.solve.problem import Problem
-from planner.search.solve.synthetic import encoder_decoder
 
 SEEDS = range(10)
 

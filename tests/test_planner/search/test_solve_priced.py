@@ -5,13 +5,13 @@ import itertools
 
 import numpy as np
 import pytest
+from synthetic_problems import repeated_blocks
 
 from planner.search.solve import brute_force, solve
 from planner.search.solve.block_dp import BlockDP, Price
 from planner.search.solve.decompose import decompose
 from planner.search.solve.eliminate import eliminate
 from planner.search.solve.indexed import IndexedProblem
-from planner.search.solve.synthetic import repeated_blocks
 
 
 def _random_dag(rng: np.random.Generator, n: int) -> tuple[dict, dict, dict]:

@@ -5,12 +5,12 @@ import itertools
 
 import numpy as np
 import pytest
+from synthetic_problems import repeated_blocks
 
 from planner.search.solve import Block, Choice, NotDecomposable, Problem, ProblemEdge, ProblemNode, brute_force, solve
 from planner.search.solve.decompose import decompose
 from planner.search.solve.frontier import block_frontier, pareto_mask
 from planner.search.solve.indexed import IndexedProblem
-from planner.search.solve.synthetic import repeated_blocks
 from planner.search.solve.two_level import _trail
 
 # (blocks, nodes per block, choices per node): 2-6 identical blocks of 3-6 nodes with 2-4 choices
