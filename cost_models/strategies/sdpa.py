@@ -37,10 +37,9 @@ from cost_models.layout import Axes, Layout
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode, TensorMeta
 from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes, tensor_key
-from cost_models.strategies.shapes import _index_map
 from cost_models.strategies.views import permute_layout, reshape_layout, restrict_layout
 from cost_models.strategy import Strategy
-from cost_models.strides import contiguous_strides, dense_like, is_contiguous, view_strides
+from cost_models.strides import is_contiguous, runtime_strides, view_strides
 
 __all__ = ["sdpa_rule", "sdpa_call", "sdpa_output_view", "SDPA_BWD_FLOPS_RATIO"]
 
@@ -175,50 +174,9 @@ def permute_meta(shape: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ..
     return tuple(shape[d] for d in dims)
 
 
-def _runtime_strides(name: str, by_name: dict[str, OpNode], depth: int = 64) -> tuple[int, ...] | None:
-    """The strides tensor `name` has at run time (`cost_models.strides`), replaying the views between it
-    and the op that made its storage: permutes, reshapes (a view when torch can view, else a contiguous
-    copy), indexing with ints and slices, element-wise ops and casts (which keep their first input's memory
-    order); a fresh result (matmul, linear, cat, a copy) is contiguous. None when unknown."""
-    op = by_name.get(name)
-    if op is None or not op.outputs:
-        return None
-    shape = op.out.shape
-    if depth == 0 or not op.inputs or op.inputs[0] not in by_name or len(by_name[op.inputs[0]].outputs) != 1:
-        return contiguous_strides(shape)
-    x = op.input_meta[0].shape
-    if op.kind == "permute":
-        src = _runtime_strides(op.inputs[0], by_name, depth - 1)
-        dims = tuple(op.attrs.get("dims", ()))
-        return None if src is None or len(dims) != len(src) else tuple(src[d] for d in dims)
-    if op.kind == "reshape":
-        src = _runtime_strides(op.inputs[0], by_name, depth - 1)
-        return None if src is None else (view_strides(x, src, shape) or contiguous_strides(shape))
-    if op.kind == "getitem":
-        src = _runtime_strides(op.inputs[0], by_name, depth - 1)
-        mapping = _index_map(op.attrs.get("index"), len(x))
-        if src is None or mapping is None or len(mapping) != len(shape):
-            return None
-        return tuple(1 if d is None else src[d] for d in mapping)
-    if op.kind in ("elementwise", "dropout", "activation", "contiguous") and shape == x:
-        if op.kind == "contiguous" and "contiguous" in op.target:
-            return contiguous_strides(shape)
-        src = _runtime_strides(op.inputs[0], by_name, depth - 1)
-        return None if src is None else dense_like(shape, src)
-    return contiguous_strides(shape)
-
-
 def _output_strides(op: OpNode, by_name: dict[str, OpNode], device: str) -> tuple[int, ...] | None:
-    """The strides of the attention output: CPU kernels write it with q's memory order (empty_like(q));
-    the CUDA kernels in [*batch, L, H, E] order, viewed as [*batch, H, L, E] (measured with torch 2.13)."""
-    shape = op.out.shape
-    if device == "cpu":
-        q = _runtime_strides(op.inputs[0], by_name)
-        return None if q is None else dense_like(shape, q)
-    nd = len(shape)
-    order = tuple(range(nd - 3)) + (nd - 2, nd - 3, nd - 1)
-    stored = contiguous_strides([shape[d] for d in order])
-    return tuple(stored[order.index(d)] for d in range(nd))
+    """The strides of the attention output on this device kind (`cost_models.strides.runtime_strides`)."""
+    return runtime_strides(op.name, by_name, device)
 
 
 def _split_bases(op: OpNode, by_name: dict[str, OpNode]) -> tuple[tuple[int, str, int], ...]:

@@ -16,6 +16,7 @@ from cost_models.ops import FLOAT_DTYPES, OpNode
 from cost_models.strategies.base import Candidates, Offer, Usage, input_candidates_for, local_bytes
 from cost_models.strategies.views import permute_layout, reshape_layout
 from cost_models.strategy import Strategy
+from cost_models.strides import index_map
 
 __all__ = ["reshape_rule", "permute_rule", "split_rule", "getitem_rule"]
 
@@ -103,27 +104,6 @@ def split_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -> I
         yield Strategy("follow", (lay,), (out,) * parts), u
 
 
-def _index_map(index: object, in_nd: int) -> list[int | None] | None:
-    """For a tensor index (a tuple of slices {"slice": ...}, ints and None), the input dim behind each
-    output dim (None: a new size-1 dim); None when the index is not of that form (ellipsis, tensors)."""
-    entries = index if isinstance(index, tuple) else (index,)
-    out: list[int | None] = []
-    d = 0
-    for e in entries:
-        if e is None:
-            out.append(None)
-        elif isinstance(e, dict) and "slice" in e:
-            out.append(d)
-            d += 1
-        elif isinstance(e, int) and not isinstance(e, bool):
-            d += 1
-        else:
-            return None
-    if d > in_nd:
-        return None
-    return out + list(range(d, in_nd))
-
-
 def _getitem_call(call: Call) -> dict[str, Any]:
     """x[index] and item `index` of a multi-output op; aten.slice / aten.select as the index they take."""
     if call.op == "slice":  # aten.slice(x, dim, start, end, step) == x[(:,) * dim + (start:end:step,)]
@@ -156,7 +136,7 @@ def getitem_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) ->
     x = op.input_meta[0] if op.input_meta else out
     index = op.attrs.get("index")
     tuple_item = isinstance(index, int) and not isinstance(index, bool) and x.shape == out.shape
-    mapping = None if tuple_item else _index_map(index, len(x.shape))
+    mapping = None if tuple_item else index_map(index, len(x.shape))
     for lay in input_candidates_for(op, 0, candidates, mesh):
         if tuple_item:
             yield Strategy("follow", (lay,), (lay,)), Usage(mesh, dtype=out.dtype)

@@ -227,7 +227,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     seen_keys: set[str] = set()
     op_saved: dict[str, int] = {}
     alias = _identity_aliases(graph)
-    bases = storage_bases(graph, built, pick)
+    bases = storage_bases(graph, built, pick, device)
     # A checkpointed block keeps its inputs (every tensor from outside it that its ops read, e.g. the hidden
     # state and the attention mask): each charged to the first op in the block that reads it, a tensor kept
     # by several blocks (the mask) once. kept_in: per block, the saved-tensor keys of those storages (the

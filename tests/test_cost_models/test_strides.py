@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from cost_models.strides import contiguous_strides, dense_like, is_contiguous, view_strides
+from cost_models.strides import contiguous_strides, dense_like, is_contiguous, runtime_strides, view_strides
 
 
 def _factorisations(shape: tuple[int, ...], rng: random.Random) -> list[tuple[int, ...]]:
@@ -73,3 +73,54 @@ def test_attention_output_view_follows_the_kernel_memory_order() -> None:
         mark_graph_hints(graph.nodes)
         views = [op.attrs.get("out_view") for op in graph.nodes if op.kind == "attention"]
         assert views and all(v is not None and v["devices"] == devices for v in views), (name, views)
+
+
+class _Views(torch.nn.Module):
+    """Views, copies and identities in a row: permute, a merging reshape of it (a copy), transpose + a
+    splitting reshape (a view), identity dropout, relu of a permuted tensor (written in its order), a slice
+    and its reshape, repeat_kv's broadcasting expand + reshape (a copy), contiguous of a non-contiguous
+    tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [2, 3, 4, 8]
+        h = self.lin(x)
+        a = h.permute(0, 2, 1, 3)
+        b = a.reshape(2, 4, 24)
+        c = h.transpose(1, 2).reshape(2, 4, 3, 8)
+        d = self.drop(a)
+        e = torch.relu(a).reshape(2, 4, 24)
+        g = h[:, 0].reshape(2, 32)
+        m = h[:, :, None].expand(2, 3, 2, 4, 8).reshape(2, 6, 4, 8)
+        return b.sum() + c.sum() + e.sum() + g.sum() + m.sum() + d.contiguous().sum()
+
+
+def test_runtime_strides_follow_a_captured_graph_as_torch_runs_it() -> None:
+    """`runtime_strides` on the captured graph equals the strides each FX node's tensor has when the
+    module runs (dims of size 1 may take any stride)."""
+    from planner.trace.tracer import capture
+
+    model, x = _Views().eval(), torch.randn(2, 3, 4, 8)
+    graph = capture(model, (x,), name="views")
+    seen: dict[str, tuple[int, ...]] = {}
+
+    class Record(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> object:
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor):
+                seen[n.name] = tuple(out.stride())
+            return out
+
+    Record(torch.fx.symbolic_trace(model)).run(x)
+    by_name = {n.name: n for n in graph.nodes}
+    memo: dict[str, tuple[int, ...] | None] = {}
+    compared = [n for n in graph.nodes if n.name in seen and n.out.shape]
+    assert {n.kind for n in compared} >= {"permute", "reshape", "dropout", "activation", "getitem", "expand", "contiguous"}
+    for n in compared:
+        got = runtime_strides(n.name, by_name, "cpu", memo)
+        assert got is not None and all(a == b for a, b, s in zip(got, seen[n.name], n.out.shape) if s != 1), \
+            (n.name, got, seen[n.name])
+    assert not is_contiguous((2, 4, 3, 8), seen["permute"])  # the case is not trivially contiguous

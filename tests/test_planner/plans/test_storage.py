@@ -27,7 +27,7 @@ def test_a_reshape_of_a_broadcast_expand_is_a_copy_and_a_transpose_is_a_view() -
     chosen = {a.node: (a.strategy, list(a.inputs), list(a.outputs)) for a in p.assignments}
     pick = {op: next(i for i, s in enumerate(built.strategies[op])
                      if (s.label(), list(s.inputs), list(s.outputs)) == chosen[op]) for op in chosen}
-    bases = storage_bases(graph, built, pick)
+    bases = storage_bases(graph, built, pick, "cpu")
     nodes = {n.name: n for n in graph.nodes}
     broadcasts = [n for n in graph.nodes if n.kind == "expand"
                   and math.prod(n.input_meta[0].shape) != math.prod(n.out.shape)]
