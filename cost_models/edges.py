@@ -20,7 +20,7 @@ from cost_models.ops import FLOAT_DTYPES, OpNode, TensorMeta
 from cost_models.redistribution import Step, backward_steps, plan_redistribution
 from cost_models.strategy import Collective
 
-__all__ = ["EdgeCost", "edge_cost", "grad_flow", "output_working_set"]
+__all__ = ["EdgeCost", "carries_gradient", "edge_cost", "grad_flow", "output_working_set"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def edge_cost(meta: TensorMeta, src: Layout, dst: Layout, mesh: Mesh, hw: Hardwa
     Raises LayoutError when a layout does not fit the tensor or `dst` asks for a partial sum `src`
     does not have."""
     fwd = plan_redistribution(meta.shape, meta.itemsize, src, dst, mesh)
-    bwd = backward_steps(fwd, meta.shape, meta.itemsize, mesh) if grad and _has_grad(meta) else []
+    bwd = backward_steps(fwd, meta.shape, meta.itemsize, mesh) if grad and carries_gradient(meta) else []
     colls = _collectives(fwd, "forward", mesh) + _collectives(bwd, "backward", mesh)
     fwd_s = sum(collective_seconds(c, mesh, hw) for c in colls if c.phase == "forward")
     total = fwd_s + sum(collective_seconds(c, mesh, hw) for c in colls if c.phase == "backward")
@@ -82,8 +82,9 @@ def grad_flow(nodes: Iterable[OpNode]) -> dict[str, bool]:
     return flows
 
 
-def _has_grad(meta: TensorMeta) -> bool:
-    """Integer and boolean tensors (token ids, masks) carry no gradient back."""
+def carries_gradient(meta: TensorMeta) -> bool:
+    """Whether a tensor of this dtype can carry a gradient back: floating point and complex (rotary
+    embeddings' complex views); integer and boolean tensors (token ids, masks) carry none."""
     return meta.dtype in FLOAT_DTYPES or meta.dtype == "complex64"
 
 

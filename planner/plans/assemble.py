@@ -7,7 +7,7 @@ prediction is exact for its own assignment (saved tensors shared by several ops 
 
 from __future__ import annotations
 
-from cost_models.edges import edge_cost, grad_flow, output_working_set
+from cost_models.edges import carries_gradient, edge_cost, grad_flow, output_working_set
 from cost_models.hardware import HardwareProfile
 from cost_models.memory import (
     conversion_pair_working_set,
@@ -15,7 +15,7 @@ from cost_models.memory import (
     dropout_grad_before_mask,
     step_peak,
 )
-from cost_models.ops import DTYPE_BYTES, FLOAT_DTYPES, OpNode
+from cost_models.ops import DTYPE_BYTES, OpNode
 from cost_models.strategies.base import param_key, tensor_key
 from cost_models.strategy import Strategy
 from planner.plans.format import (
@@ -125,11 +125,12 @@ def _state_moves(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -
 def _gradient_bytes(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int],
                     flows: dict[str, bool]) -> dict[str, int]:
     """Op name -> bytes of the gradient of its output on this rank (the layout it produces), for the
-    single-output ops whose floating-point output carries a gradient (what `gradient_buffers` tracks)."""
+    single-output ops whose output carries a gradient (`grad_flow`, `carries_gradient`: what `gradient_buffers`
+    tracks)."""
     out: dict[str, int] = {}
     for op in graph.nodes:
         if not flows[op.name] or len(op.outputs) != 1 or op.kind in ("input", "output") \
-                or op.out.dtype not in FLOAT_DTYPES:
+                or not carries_gradient(op.out):
             continue
         lay = built.strategies[op.name][pick[op.name]].outputs[0]
         out[op.name] = lay.local_numel(op.out.shape, built.mesh) * op.out.itemsize
