@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -93,6 +94,18 @@ def resolve_bytes_per_param(value: int | str) -> int:
     return value
 
 
+def _as_mesh(m: Mesh | Sequence[int] | str) -> Mesh:
+    """A mesh given as a `Mesh`, a shape tuple or a string such as "2x2x2"."""
+    if isinstance(m, Mesh):
+        return m
+    if isinstance(m, str) and re.fullmatch(r"\s*\d+(\s*x\s*\d+)*\s*", m):
+        return Mesh(tuple(int(d) for d in m.split("x")))
+    if isinstance(m, (tuple, list)) and m and all(isinstance(d, int) and not isinstance(d, bool) for d in m):
+        return Mesh(tuple(m))
+    raise MeshError(f"meshes: {m!r} is not a mesh shape; give Mesh((2, 4)), a tuple of ints (2, 4) or a "
+                    "string '2x4'")
+
+
 def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | None = None,
          example_inputs: Sequence[Any] | None = None, input_shapes: Sequence[Any] | None = None,
          hardware: str | HardwareProfile = "a100-80gb", schemes: Sequence[str] | str | None = None,
@@ -109,7 +122,8 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     bytes_per_param: model-state bytes per parameter (16 fp32 Adam, 18 bf16 mixed precision, 2 inference)
         or a preset name.
     device: "cuda" or "cpu" semantics for saved activations (default: the hardware profile's).
-    meshes: the mesh shapes to try (default: every shape `candidate_meshes` allows).
+    meshes: the mesh shapes to try, each a `Mesh`, a shape tuple such as (2, 4) or a string such as "2x4"
+        (default: every shape `candidate_meshes` allows).
     workers: processes that plan mesh shapes in parallel (default: the CPU count; 1 plans in this process).
     inputs: how the trained model will be called (`apply_plan` runs the plan so): "full" (every rank passes
         the whole batch and gets whole outputs back, e.g. a language model's logits gathered on every rank)
@@ -136,7 +150,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     graph = model if isinstance(model, ModelGraph) else capture(model, example_inputs, input_shapes=input_shapes,
                                                                 name=name)
     warn_about_coverage(graph)
-    mesh_list = list(meshes) if meshes is not None else candidate_meshes(n, hw.gpus_per_node)
+    mesh_list = [_as_mesh(m) for m in meshes] if meshes is not None else candidate_meshes(n, hw.gpus_per_node)
     for m in mesh_list:
         if m.world_size != n:
             raise MeshError(f"mesh {m} has {m.world_size} ranks but world_size is {n}")

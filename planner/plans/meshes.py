@@ -8,8 +8,8 @@ deadline is stopped and its mesh skipped. With one CPU or one mesh it all runs i
 Per mesh (`plan_mesh`), the assembled plan's accounting decides whether the answer fits: it adds working
 sets the per-choice problem cannot see (a layout conversion's staging buffers, which depend on both
 ends' choices, and the recomputed activations alive beside an op in a checkpointed block's backward).
-When it exceeds the budget, the solver's budget is tightened by what the plan counts beyond the solver's
-model (at least the excess) and the problem solved again.
+The plan's bound is `solve`'s account: when it exceeds the budget, `solve` tightens its budget by what the plan
+counts beyond the solver's model (at least the excess) and solves again (the one tighten-and-retry loop).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from planner.search.solve import Progress, Solution, solve
 
 __all__ = ["MeshResult", "WorkerTraceback", "plan_mesh", "plan_meshes"]
 
-_FIT_ROUNDS = 4  # solves per mesh at most: the budget, then tightened by the plan's excess
 _LEAST_ROUNDS = 2  # fits just below the least-memory plan's peak, looking for a smaller budget that fits
 _GRACE_S = 5.0  # past time_limit per solve, before a worker is stopped
 
@@ -47,30 +46,22 @@ class MeshResult:
     error: str = ""
 
 
-def _fit(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan], budget: int, solver: str,
-         time_limit: float | None, shrink: int = 0) -> tuple[Solution, Plan | None]:
-    """Solve under `budget` - `shrink` (negative: a looser budget for the solver), tightening the solver's
-    budget by the plan's excess until the plan fits: (solution, plan that fits) or (last solution, None)."""
-    seconds = 0.0
-    for _ in range(_FIT_ROUNDS):
-        cap = budget - shrink
-        if cap <= 0:
-            break
-        sol = solve(built.problem, budget=cap, solver=solver, time_limit=time_limit)
-        seconds += sol.seconds
-        sol.seconds = seconds
-        if sol.status not in ("optimal", "feasible"):
-            break
-        p = assemble(built, sol)
-        if p.predicted.bound_bytes <= budget:
-            return sol, p
-        # Tighten so that the next answer, carrying what this plan counts beyond the solver's model,
-        # fits: budget - (plan's bound - solver's peak). The answer need not have been at the solver's
-        # budget (gpt3-175b on 4x4x4 at 160 GiB: 17 MB below it, 0.1 MB more in the plan), so tightening
-        # by the excess over the budget alone can return the same answer every round. At least doubling.
-        shrink = max(shrink + p.predicted.bound_bytes - budget, p.predicted.bound_bytes - sol.peak_bytes,
-                     2 * shrink)
-    return sol, None
+class _PlanAccount:
+    """The assembled plan's bound as `solve`'s account, keeping the plan of the last answer it measured."""
+
+    def __init__(self, built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan]) -> None:
+        self.built, self.assemble = built, assemble
+        self.last: tuple[Solution, Plan] | None = None
+
+    def __call__(self, sol: Solution) -> int:
+        plan = self.assemble(self.built, sol)
+        self.last = (sol, plan)
+        return plan.predicted.bound_bytes
+
+    def plan(self, sol: Solution) -> Plan:
+        if self.last is None or self.last[0] is not sol:
+            self(sol)
+        return self.last[1]
 
 
 def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
@@ -80,15 +71,21 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
         built = build(mesh)
     except SchemeUnavailable as e:
         return MeshResult(mesh, unavailable=str(e))
+    account = _PlanAccount(built, assemble)
+
+    def fit(cap: int, loosen: int = 0) -> Solution:
+        return solve(built.problem, budget=cap, solver=solver, time_limit=time_limit, account=account,
+                     loosen=loosen)
+
     # Model states count whatever the assignment: a budget below their least sum (planning at 1 byte to
     # learn the smallest budget) goes straight to the least-memory search instead of a solve that only
     # finds that out.
     states = sum(min(c.state_bytes for c in node.choices) for node in built.problem.nodes)
     if states <= budget:
-        sol, p = _fit(built, assemble, budget, solver, time_limit)
-        if p is not None:
-            return MeshResult(mesh, p, sol.objective)
-        if sol.status not in ("optimal", "feasible", "infeasible"):
+        sol = fit(budget)
+        if sol.status in ("optimal", "feasible"):
+            return MeshResult(mesh, account.plan(sol), sol.objective)
+        if sol.status != "infeasible":
             return MeshResult(mesh, error=sol.message or f"solver status {sol.status}")
     # Nothing fits. The least-memory assignment of the solver's model (asked with budget 0, so the
     # answer does not depend on this budget) fits its plan's exact peak; a few fits just below that
@@ -104,15 +101,16 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
         # that still fits the plan's accounting (gpt-tiny on 2x2x2 at 454,272 B: 2.29 -> 1.72 ms).
         over = least.peak_bytes - found.predicted.bound_bytes
         if over > 0:
-            sol, q = _fit(built, assemble, budget, solver, time_limit, shrink=-over)
-            if q is not None and sol.objective < least.objective:
-                return MeshResult(mesh, q, sol.objective)
+            sol = fit(budget, loosen=over)
+            if sol.status in ("optimal", "feasible") and sol.objective < least.objective:
+                return MeshResult(mesh, account.plan(sol), sol.objective)
         return MeshResult(mesh, found, least.objective)
     smallest = found.predicted.bound_bytes
     for _ in range(_LEAST_ROUNDS):  # the same steps as when the budget was reported: re-planning meets it
-        sol, q = _fit(built, assemble, smallest - 1, solver, time_limit)
-        if q is None:
+        sol = fit(smallest - 1)
+        if sol.status not in ("optimal", "feasible"):
             break
+        q = account.plan(sol)
         if q.predicted.bound_bytes <= budget:
             return MeshResult(mesh, q, sol.objective)
         smallest = q.predicted.bound_bytes
@@ -138,7 +136,7 @@ def plan_meshes(meshes: list[Mesh], job: Callable[[Mesh], MeshResult], *, time_l
             return [job(m) for m in meshes]
     ctx = mp.get_context("fork")
     deadline_s = (float("inf") if time_limit is None
-                  else (_FIT_ROUNDS * (_LEAST_ROUNDS + 1) + 1) * (time_limit + _GRACE_S))
+                  else (_LEAST_ROUNDS + 3) * (time_limit + _GRACE_S))  # solve() calls per mesh at most
     order = sorted(range(len(meshes)), key=lambda i: _cost_rank(meshes[i]))
     results: dict[int, MeshResult] = {}
     running: dict[int, tuple[mp.Process, object, float]] = {}

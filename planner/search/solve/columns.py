@@ -402,7 +402,8 @@ class PricedSolve:
             outer.points = self._usable(every, outer.allowed, upper)
             rnd = outer.outer("time", solver, deadline, upper, rel_gap=_ILP_GAP, node_limit=nodes)
             cut = cut or rnd.res.status not in ("optimal", "infeasible")
-            if rnd.res.x is not None and rnd.value < upper:
+            fits = rnd.peak <= ip.budget or answer is None  # over by solver tolerance: only in place of none
+            if rnd.res.x is not None and rnd.value < upper and fits:
                 answer = (rnd.choice, rnd.ckpt, rnd.value)
         self.stats["columns"] = float(sum(len(p) for p in outer.points))
         if answer is not None:

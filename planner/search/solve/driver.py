@@ -1,13 +1,12 @@
 """Run a built ILP and turn its answer into a `Solution` whose figures come from the formulas.
 
 Shared by the flat and the two-level solver: solve for time under the budget; re-evaluate the chosen
-assignment exactly; if solver tolerances let it exceed the budget by a few bytes, tighten the memory row by
-that much and solve again; if the budget is infeasible, find the smallest feasible budget.
+assignment exactly (`solve` tightens the budget when solver tolerance let it exceed the budget by a few
+bytes); if the budget is infeasible, find the smallest feasible budget.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
@@ -19,10 +18,6 @@ from planner.search.solve.min_budget import Build, LeastMemory, least_memory
 from planner.search.solve.problem import Solution
 
 __all__ = ["infeasible_or_fallback", "solve_built"]
-
-log = logging.getLogger(__name__)
-
-_TOLERANCE_RETRIES = 3
 
 
 def _named(ip: IndexedProblem, choice: list[int]) -> dict[str, int]:
@@ -48,42 +43,30 @@ def solve_built(ip: IndexedProblem, build: Build, *, solver: str, deadline: floa
                 least_initial: tuple[list[int], list[int]] | None = None) -> Solution:
     """Minimise step time under `ip.budget` with the models `build(mode, budget)` gives.
 
-    The solver's feasibility tolerance times a byte-sized coefficient can hide a few bytes; an answer that
-    re-evaluates above the budget is solved again with the memory row tightened by 1, 4, 16... times the
-    excess (the answer may then miss an optimum within those bytes of the budget, which it says).
+    The answer's figures are re-evaluated from the formulas; the solver's feasibility tolerance times a
+    byte-sized coefficient can leave its peak a few bytes above the budget, which `solve` sees and answers
+    by tightening the budget (its one tighten-and-retry loop).
     `deadline`: a time.perf_counter() value past which the user's time limit stops the solver (inf: none).
     `initial`: an assignment (choice vector, checkpointed blocks) that fits, handed to the solver as a MIP
     start where the model can take one: the work limit (`milp.WORK_LIMIT`) then never leaves it empty-handed;
     `least_initial`: the same for the least-memory solve, when the budget is infeasible."""
     start = time.perf_counter()
-    cap, shrink = ip.budget, 0
-    for _ in range(_TOLERANCE_RETRIES + 1):
-        built = build("time", cap)
-        values = built.encode(*initial) if initial is not None and built.encode is not None and cap == ip.budget else None
-        res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), work_limit=WORK_LIMIT,
-                         mip_start=values)
-        if res.x is None:
-            break
+    built = build("time", ip.budget)
+    values = built.encode(*initial) if initial is not None and built.encode is not None else None
+    res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), work_limit=WORK_LIMIT,
+                     mip_start=values)
+    if res.x is not None:
         choice, ckpt = built.extract(res.x)
         time_s, peak, _ = evaluate_indexed(ip, choice, ckpt)
-        if peak <= ip.budget:
-            notes = [res.message] if res.status != "optimal" and res.message else []
-            if shrink:
-                notes.append(f"memory row tightened by {shrink} B against solver tolerance")
-            return Solution(
-                status=res.status, choice=_named(ip, choice), checkpointed=[ip.block_names[b] for b in ckpt],
-                objective=time_s, gap=res.gap, seconds=time.perf_counter() - start, solver=res.solver,
-                peak_bytes=peak, method=method, message="; ".join(notes),
-                bound=res.bound / built.scale if np.isfinite(res.bound) else float("nan"),
-            )
-        shrink = max(4 * shrink, peak - ip.budget)
-        log.warning("solver answer exceeds the budget by %d B (tolerance); tightening by %d B and solving again",
-                    peak - ip.budget, shrink)
-        cap = ip.budget - shrink
-    base = dict(seconds=0.0, solver=res.solver, method=method)
-    if res.status == "infeasible" or res.x is not None:
+        return Solution(
+            status=res.status, choice=_named(ip, choice), checkpointed=[ip.block_names[b] for b in ckpt],
+            objective=time_s, gap=res.gap, seconds=time.perf_counter() - start, solver=res.solver,
+            peak_bytes=peak, method=method, message=res.message if res.status != "optimal" else "",
+            bound=res.bound / built.scale if np.isfinite(res.bound) else float("nan"),
+        )
+    if res.status == "infeasible":
         least = least_memory(ip, build, solver=solver, deadline=deadline, initial=least_initial)
-        base["seconds"] = time.perf_counter() - start
+        base = dict(seconds=time.perf_counter() - start, solver=res.solver, method=method)
         return infeasible_or_fallback(ip, least, base)
     message = res.message or f"solver status {res.status}"
     if "time" in message.lower():

@@ -30,7 +30,6 @@ kept). Typically two or three rounds over a few hundred points.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -50,8 +49,6 @@ from planner.search.solve.min_budget import LeastMemory
 from planner.search.solve.problem import Solution
 
 __all__ = ["TwoLevel"]
-
-log = logging.getLogger(__name__)
 
 
 def _trail(arcs: list[tuple[int, int, int]], start: int) -> list[int]:
@@ -77,13 +74,14 @@ def _trail(arcs: list[tuple[int, int, int]], start: int) -> list[int]:
 @dataclass
 class _Round:
     """One outer solve over pruned frontiers: the solver result and, if it found one, the exact value
-    (seconds or peak bytes) of its assignment."""
+    (seconds or peak bytes) and peak of its assignment."""
 
     res: MilpResult
     built: BuiltModel | None
     choice: list[int]
     ckpt: list[int]
     value: float
+    peak: int = 0
 
 
 class TwoLevel:
@@ -123,7 +121,7 @@ class TwoLevel:
     def _round(self, mode: str, target: float, solver: str, deadline: float, upper: float = np.inf) -> _Round:
         """Frontiers pruned to `target`, the outer ILP, and the exact value of its answer. `upper`: the value
         of an answer already found (the solver may prune anything worse). In time mode an answer that
-        exceeds the budget by solver tolerance is retried with the memory row tightened."""
+        may exceed the budget by solver tolerance: `solve` then tightens the budget and solves again."""
         try:
             self._frontiers(mode, target, deadline)
         except FrontierTimeout as err:
@@ -136,25 +134,16 @@ class TwoLevel:
         """The outer ILP over the current `points` and the exact value of its answer (see `_round`);
         `rel_gap`: the relative gap at which a time-mode solve may stop; `node_limit`: its branch-and-bound
         nodes at most."""
-        cap, shrink = (self.ip.budget if mode == "time" else None), 0
-        for _ in range(4):
-            built = self.build(mode, cap)
-            gaps = {"rel_gap": rel_gap} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
-            slack = 1e-7 * abs(upper) if mode == "time" else 1.0
-            res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(),
-                             cutoff=(upper + slack) * built.scale, node_limit=node_limit, **gaps)
-            if res.x is None:
-                return _Round(res, built, [], [], np.inf)
-            choice, ckpt = built.extract(res.x)
-            time_s, peak, _ = evaluate_indexed(self.ip, choice, ckpt)
-            if mode == "memory" or peak <= self.ip.budget:
-                return _Round(res, built, choice, ckpt, time_s if mode == "time" else float(peak))
-            shrink = max(4 * shrink, peak - self.ip.budget)  # see driver.solve_built
-            log.warning("outer ILP answer exceeds the budget by %d B (tolerance); tightening by %d B",
-                        peak - self.ip.budget, shrink)
-            cap = self.ip.budget - shrink
-        return _Round(MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, res.solver,
-                                 "solver tolerance keeps the answer above the budget"), built, [], [], np.inf)
+        built = self.build(mode, self.ip.budget if mode == "time" else None)
+        gaps = {"rel_gap": rel_gap} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
+        slack = 1e-7 * abs(upper) if mode == "time" else 1.0
+        res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(),
+                         cutoff=(upper + slack) * built.scale, node_limit=node_limit, **gaps)
+        if res.x is None:
+            return _Round(res, built, [], [], np.inf)
+        choice, ckpt = built.extract(res.x)
+        time_s, peak, _ = evaluate_indexed(self.ip, choice, ckpt)
+        return _Round(res, built, choice, ckpt, time_s if mode == "time" else float(peak), peak)
 
     def _exact(self, mode: str, lower: float, solver: str, deadline: float,
                on_infeasible: Callable[[], bool] | None = None) -> tuple[_Round, float, bool]:

@@ -20,6 +20,7 @@ from paths import ROOT as REPO_ROOT
 
 import planner.plans.format as plan_format
 from cost_models.hardware import BUILTIN_PROFILES, ProfileError, load_profile
+from cost_models.mesh import Mesh, MeshError
 from planner.api import InfeasibleError, WorldSizeError, plan
 from planner.cli.app import main
 from planner.models.mlp import build_mlp
@@ -162,6 +163,27 @@ def test_the_api_refuses_a_world_size_that_is_not_a_positive_int(world: object) 
     with pytest.raises(WorldSizeError, match="world size must be a positive integer"):
         plan(model, "1GiB", world_size=world, example_inputs=inputs)  # type: ignore[arg-type]
 
+
+
+@pytest.mark.parametrize("mesh", ["2x2x", "2,4", (2, 4.0), (), 8, None])
+def test_the_api_refuses_a_mesh_that_is_not_a_shape(mesh: object) -> None:
+    model, inputs = build_mlp(device="meta")
+    with pytest.raises(MeshError, match=r"is not a mesh shape; give Mesh\(\(2, 4\)\), a tuple of ints"):
+        plan(model, "1GiB", world_size=8, example_inputs=inputs, meshes=[mesh])  # type: ignore[list-item]
+
+
+def test_the_api_takes_a_mesh_as_a_shape_tuple_or_a_string() -> None:
+    """meshes=["2x4"], [(2, 4)] and [Mesh((2, 4))] are the same plan; a shape of the wrong size names both."""
+    model, inputs = build_mlp(device="meta")
+    graph = capture(model, inputs)
+    plans = [json.loads(plan(graph, "1GiB", world_size=8, meshes=[m], workers=1).to_json())
+             for m in ("2x4", (2, 4), Mesh((2, 4)))]
+    for p in plans:
+        del p["solver"]["seconds"]
+    assert plans[0] == plans[1] == plans[2]
+    assert plans[0]["mesh"]["shape"] == [2, 4]
+    with pytest.raises(MeshError, match="mesh 2x2"):
+        plan(graph, "1GiB", world_size=8, meshes=["2x2"], workers=1)
 
 # --- hardware profiles -------------------------------------------------------------------------------
 

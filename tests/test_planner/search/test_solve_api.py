@@ -85,29 +85,28 @@ def test_solve_shows_progress_only_when_asked(capsys: pytest.CaptureFixture, mon
     assert "planner: flat solve of 6 nodes ... done in" in capsys.readouterr().err
 
 
-def test_fit_tightens_by_what_the_plan_counts_beyond_the_solver() -> None:
-    """plan_meshes._fit: when the assembled plan counts `extra` bytes the solver's model does not see, the
-    retry must ask the solver for an answer `extra` below the budget, even when its first answer was well
-    below the budget (tightening by the excess over the budget alone returned the same answer each round)."""
-    from types import SimpleNamespace
-
-    from planner.plans.meshes import _fit
-
+def test_solve_tightens_by_what_the_account_counts_beyond_the_formulas() -> None:
+    """solve(account=...): when the account (the assembled plan's bound, in plan_mesh) counts `extra`
+    bytes the formulas do not see, the retry must ask for an answer `extra` below the budget, even when the
+    first answer was well below the budget (tightening by the excess over the budget alone returned the
+    same answer each round)."""
     problem = repeated_blocks(np.random.default_rng(3), n_blocks=4, block_nodes=4, choices=3, budget_fraction=0.7)
     budget = problem.budget_bytes
     first = solve(problem)
     slack = budget - first.peak_bytes
     assert first.status in ("optimal", "feasible") and slack > 64  # the answer is not at the budget
-    extra = slack + 1  # the first answer no longer fits once the plan's own bytes are counted
+    extra = slack + 1  # the first answer no longer fits once the account's own bytes are counted
+    measured: list[int] = []
 
-    def assemble(built: SimpleNamespace, sol) -> SimpleNamespace:
-        return SimpleNamespace(predicted=SimpleNamespace(bound_bytes=sol.peak_bytes + extra))
+    def account(sol) -> int:
+        measured.append(sol.peak_bytes + extra)
+        return measured[-1]
 
-    sol, plan = _fit(SimpleNamespace(problem=problem), assemble, budget, "highs", 30.0)
-    assert plan is not None and plan.predicted.bound_bytes <= budget
-    assert problem.budget_bytes == budget  # restored
-    problem.budget_bytes = budget - extra  # the best answer with room for the plan's extra bytes
-    assert sol.objective == pytest.approx(solve(problem).objective, rel=1e-9)
+    sol = solve(problem, account=account)
+    assert sol.status in ("optimal", "feasible") and sol.peak_bytes + extra <= budget
+    assert 2 <= len(measured) <= solve_pkg.FIT_ROUNDS and measured[0] > budget  # the first answer was retried
+    assert problem.budget_bytes == budget  # the problem is not changed
+    assert sol.objective == pytest.approx(solve(problem, budget=budget - extra).objective, rel=1e-9)
 
 
 def test_a_plan_that_counts_less_than_the_solver_gets_the_room_back() -> None:
