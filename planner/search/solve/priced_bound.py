@@ -16,17 +16,31 @@ transient of x (op working sets and conversion working sets; levels are all thei
 <= L, and x is among the assignments allowed by the cap L; so F(L) <= additive(x) <= budget - T(x) <=
 budget - L, where F(L) is the least additive bytes any assignment with every transient <= L has. Hence
 T(x) >= L >= the least level L with F(L) + L <= budget.
+
+The same argument bounds the time of every fitting assignment whose level L (the largest transient level
+<= its max term) lies in a range [l_i, l_k]: every transient is <= l_k, the max term is >= l_i, so for
+any price b >= 0 its time is at least min over y with transients <= l_k of [time(y) + b·additive(y)] +
+b·(l_i - budget). The least of these range bounds over ranges that cover every level is a lower bound on
+the optimum (`banded_bound`); it is at least the bound with the floor alone (one range), and splitting a
+range only raises it. That is what closes the gap where the optimum has a larger max term than the floor
+(a larger working set, fewer saved bytes).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from planner.search.solve.block_dp import Price
 from planner.search.solve.indexed import IndexedProblem
 
-__all__ = ["golden_max", "max_term_floor", "transient_levels"]
+__all__ = ["banded_bound", "golden_max", "lagrange_range_bound", "max_term_floor", "transient_levels"]
+
+_RANGE_STEPS = 6  # prices per golden-section search of one range's bound: over log(mu), then over f ...
+_RANGE_SPAN = float(np.log(30.0))  # ... log(mu) within 30 times the enclosing range's best price either way
 
 
 def transient_levels(ip: IndexedProblem) -> np.ndarray:
@@ -82,3 +96,69 @@ def golden_max(value: Callable[[float], float], lo: float, hi: float, steps: int
             b, x2, f2 = x2, x1, f1
             x1 = b - ratio * (b - a)
             f1 = value(x1)
+
+
+def banded_bound(levels: np.ndarray, range_bound: Callable[[float, float, Any], tuple[float, Any]],
+                 target: float, most: int) -> float:
+    """A lower bound on the optimum: the least range bound over ranges of `levels` that cover them all
+    (module docstring). range_bound(cap, floor, hint) -> (bound, hint) must give a valid bound for the
+    fitting assignments whose level lies in [floor, cap] (both levels; inf where none fits); `hint` is
+    what it returned for the enclosing range (None for the first), e.g. where its best price was. Best
+    first: the range with the lowest bound is halved until every range left is at or above `target` (the
+    best answer known: then the answer is proven), the lowest is a single level, or `most` calls are spent
+    (a count, not seconds). A part's bound is at least its whole's (a subset), so it keeps the larger."""
+    values = np.unique(np.asarray(levels, dtype=float))
+    if not len(values):
+        return -np.inf
+    low, hint = range_bound(values[-1], values[0], None)
+    heap: list[tuple[float, int, int, int, Any]] = [(low, 0, len(values) - 1, 0, hint)]
+    calls = 1
+    while calls + 2 <= most:
+        low, i, k, _, hint = heap[0]
+        if low >= target or i == k:
+            break
+        heapq.heappop(heap)
+        mid = (i + k) // 2
+        for a, b in ((i, mid), (mid + 1, k)):
+            value, part = range_bound(values[b], values[a], hint)
+            calls += 1
+            heapq.heappush(heap, (max(low, value), a, b, calls, part))  # calls: ties never compare hints
+    return float(heap[0][0])
+
+
+def lagrange_range_bound(minimum: Callable[[Price], float], ip: IndexedProblem, start: Price,
+                         stop: Callable[[], bool]) -> Callable[[float, float, Any], tuple[float, Any]]:
+    """A `banded_bound` range bound from priced minima: minimum(price) is the least priced sum
+    a·time + b·additive + c·recomputed over the assignments whose transients are <= price.cap.
+
+    For a range [floor, cap] every fitting assignment x there has time(x) >= minimum(1, b, c, cap) +
+    (b - c·M)·floor - b·budget when c·M <= b (M blocks; see `columns.PricedSolve._bound`). With c = f·b/M,
+    0 <= f <= 1, the best of two golden-section searches is kept: over log(b) about the enclosing range's
+    best price (`start`'s for the first range), then over f at the best b (each bound is concave in its
+    multipliers). A range whose least additive bytes under its cap plus its floor exceed the budget holds
+    no fitting assignment (inf). `stop()` ends the searches early (the bound stays valid: every price
+    gives one)."""
+    m = max(len(ip.block_nodes), 1)
+    first = (float(np.log(start.b)), min(start.c * m / start.b, 1.0) if ip.checkpointing else 0.0)
+
+    def range_bound(cap: float, floor: float, hint: tuple[float, float] | None) -> tuple[float, tuple[float, float]]:
+        log_mu, f = hint or first
+        if stop():
+            return -np.inf, (log_mu, f)
+        if minimum(Price(0.0, 1.0, 0.0, cap=cap)) + floor > ip.budget:
+            return np.inf, (log_mu, f)
+        seen: dict[tuple[float, float], float] = {}
+
+        def value(x: float, g: float) -> float:
+            mu = float(np.exp(x))
+            seen[x, g] = minimum(Price(1.0, mu, g * mu / m, cap=cap)) + (1.0 - g) * mu * floor - mu * ip.budget
+            return seen[x, g]
+
+        golden_max(lambda x: value(x, f), log_mu - _RANGE_SPAN, log_mu + _RANGE_SPAN, _RANGE_STEPS, stop)
+        log_mu = max(seen, key=seen.get)[0]
+        if ip.checkpointing:
+            golden_max(lambda g: value(log_mu, g), 0.0, 1.0, _RANGE_STEPS, stop)
+        best = max(seen, key=seen.get)
+        return seen[best], best
+
+    return range_bound

@@ -48,7 +48,7 @@ from planner.search.solve.milp import NODE_LIMIT, MilpResult, resolve_solver, so
 from planner.search.solve.min_budget import LeastMemory
 from planner.search.solve.problem import Solution
 
-__all__ = ["TwoLevel"]
+__all__ = ["TwoLevel", "usable_columns"]
 
 
 def _trail(arcs: list[tuple[int, int, int]], start: int) -> list[int]:
@@ -351,3 +351,37 @@ class TwoLevel:
             bal.add(n[q == v], -1.0 / m)
             bal.add(supply[v:v + 1], 1.0)
             b.add_expr_row(bal, 0.0, 0.0)
+
+
+def usable_columns(ip: IndexedProblem, dec: Decomposition, points: list[list[FrontierPoint]],
+                   allowed: dict[int, np.ndarray], upper: float) -> list[list[FrontierPoint]]:
+    """The columns that can be part of an answer that fits the budget and beats `upper` (seconds).
+
+    With every other block at its class's least additive bytes (resp. least time) and every outer node
+    at its least, a column whose own bytes plus its max term still exceed the budget, or whose own
+    time makes the step no faster than `upper`, is in no such answer: dropped (exact, not a heuristic).
+    At tight budgets most columns are fast blocks that need more memory than is left; without them the
+    ILP is a fraction of the size. Repeated while it drops columns (the bounds rise as columns go)."""
+    outer_add = outer_time = outer_top = 0.0
+    for v in dec.outer_nodes:
+        opts = allowed.get(v, np.arange(ip.sizes[v]))
+        outer_add += float((ip.state[v] + ip.saved[v])[opts].min())
+        outer_time += float(ip.time[v][opts].min())
+        outer_top = max(outer_top, float(ip.transient[v][opts].min()))
+    count = [0] * len(points)
+    for seg in dec.segments:
+        count[seg.cls] += len(seg.blocks)
+    while True:
+        if any(not pts for pts, m in zip(points, count) if m):
+            return points
+        least_add = [min((pt.add_bytes for pt in pts), default=0) for pts in points]
+        least_time = [min((pt.time_s for pt in pts), default=0.0) for pts in points]
+        add = outer_add + sum(m * x for m, x in zip(count, least_add))
+        secs = outer_time + sum(m * x for m, x in zip(count, least_time))
+        kept = [[pt for pt in pts
+                 if add - least_add[k] + pt.add_bytes + max(pt.max_bytes, outer_top) <= ip.budget
+                 and secs - least_time[k] + pt.time_s < upper * (1 + 1e-9)]
+                for k, pts in enumerate(points)]
+        if sum(map(len, kept)) == sum(map(len, points)):
+            return kept
+        points = kept

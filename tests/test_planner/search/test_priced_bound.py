@@ -12,7 +12,7 @@ from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import decompose
 from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.indexed import IndexedProblem
-from planner.search.solve.priced_bound import golden_max, max_term_floor
+from planner.search.solve.priced_bound import banded_bound, golden_max, max_term_floor
 
 
 def _every_assignment(ip: IndexedProblem):
@@ -88,6 +88,61 @@ def test_priced_bound_is_below_the_optimum_at_tight_budgets(seed: int) -> None:
         assert priced.bound <= ref.objective * (1 + 1e-9)
         assert priced.objective >= ref.objective * (1 - 1e-9)
         assert priced.objective * (1 - priced.gap) <= ref.objective * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_banded_bound_is_the_least_level_bound_once_every_range_is_split(seed: int) -> None:
+    """A model of range bounds: each level has its own bound g, and a range's bound is the least g in it
+    less a slack that grows with the range's width (a valid, looser bound). Split to single levels, the
+    banded bound is min g; stopped early by its count, it is still at most min g and at least the whole
+    range's bound; with a target below min g it stops as soon as every range reaches the target."""
+    rng = np.random.default_rng(300 + seed)
+    levels = np.unique(rng.integers(0, 1000, 40)).astype(float)
+    g = dict(zip(levels.tolist(), rng.uniform(1.0, 2.0, len(levels)).tolist()))
+    calls: list[tuple[float, float]] = []
+
+    def range_bound(cap: float, floor: float, hint: object) -> tuple[float, object]:
+        assert (hint is None) == (not calls)  # the first range has no enclosing one ...
+        assert hint is None or hint[1] <= floor <= cap <= hint[0]  # ... and a part gets its whole's hint
+        calls.append((cap, floor))
+        inside = [v for lv, v in g.items() if floor <= lv <= cap]
+        return min(inside) - 1e-3 * (cap - floor), (cap, floor)
+
+    least = min(g.values())
+    assert banded_bound(levels, range_bound, np.inf, 10_000) == pytest.approx(least)
+    calls.clear()
+    whole = range_bound(levels[-1], levels[0], None)[0]
+    for most in (1, 3, 9):
+        calls.clear()
+        early = banded_bound(levels, range_bound, np.inf, most)
+        assert len(calls) <= most and whole <= early <= least
+    calls.clear()
+    assert banded_bound(levels, range_bound, least - 0.5, 10_000) >= least - 0.5
+    assert len(calls) < 2 * len(levels)
+
+
+def test_banded_bound_is_below_the_optimum_and_lifts_the_floor_bound() -> None:
+    """On small problems at tight budgets, against every assignment: the bound by ranges of max-term
+    levels never passes the optimum, and on some it is above the bound with the raised floor alone."""
+    lifted = 0
+    for seed in range(5):
+        rng = np.random.default_rng(900 + seed)
+        problem = repeated_blocks(rng, n_blocks=2, block_nodes=3, choices=3, residual=seed % 2 == 0,
+                                  checkpointing=True)
+        every = list(_every_assignment(IndexedProblem(problem)))
+        least_peak = min(peak for _, peak, _ in every)
+        for factor in (1.0, 1.15, 1.4):
+            budget = int(least_peak * factor)
+            optimum = min(t for t, peak, _ in every if peak <= budget)
+            ip = IndexedProblem(problem, budget)
+            ps = PricedSolve(ip, decompose(ip))
+            ps._raise_floor()
+            ps._lift_bound(ps.scale / 1e4, ps.scale * 1e4, np.inf, (0.0,))
+            floor_bound = max(r.bound for r in ps.priced)
+            banded = ps._banded(optimum, np.inf)
+            assert banded <= optimum * (1 + 1e-9)
+            lifted += banded > floor_bound * (1 + 1e-6) + 1e-12
+    assert lifted
 
 
 def test_golden_max_finds_the_maximum_of_a_concave_function() -> None:

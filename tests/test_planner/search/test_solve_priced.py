@@ -12,6 +12,7 @@ from planner.search.solve.block_dp import BlockDP, Price
 from planner.search.solve.decompose import decompose
 from planner.search.solve.eliminate import eliminate
 from planner.search.solve.indexed import IndexedProblem
+from planner.search.solve.two_level import usable_columns
 
 
 def _random_dag(rng: np.random.Generator, n: int) -> tuple[dict, dict, dict]:
@@ -142,7 +143,7 @@ def test_dropping_unusable_columns_keeps_the_column_ilp_optimum() -> None:
         full = ps._outer(None)
         ref = full.outer("time", "highs", 1e18)
         kept = ps._outer(None)
-        kept.points = ps._usable(kept.points, kept.allowed, np.inf)
+        kept.points = usable_columns(ps.ip, ps.dec, kept.points, kept.allowed, np.inf)
         dropped += sum(map(len, full.points)) - sum(map(len, kept.points))
         got = kept.outer("time", "highs", 1e18)
         if not np.isfinite(ref.value):
@@ -151,6 +152,6 @@ def test_dropping_unusable_columns_keeps_the_column_ilp_optimum() -> None:
         assert got.value == pytest.approx(ref.value, rel=1e-9)
         # with a bar just above the optimum, the columns that could beat it still include the optimum's
         loose = ps._outer(None)
-        loose.points = ps._usable(loose.points, loose.allowed, ref.value * (1 + 1e-6))
+        loose.points = usable_columns(ps.ip, ps.dec, loose.points, loose.allowed, ref.value * (1 + 1e-6))
         assert loose.outer("time", "highs", 1e18).value == pytest.approx(ref.value, rel=1e-9)
     assert dropped > 0  # the budget did rule columns out
