@@ -68,7 +68,7 @@ _BOUND_STEPS = 12  # prices of the golden-section search that lifts the lower bo
 _LIFT_GAP = 0.05  # past this gap after the first bound search, the floor is raised, two more searches run
 # and then the search by ranges of max-term levels (`_banded`)
 _FLOOR_PRICES = 32  # least-additive prices (under transient caps) that the max-term floor search may spend
-_BAND_RANGES = 16  # ranges of max-term levels whose bounds the final bound search may price
+_BAND_RANGES = 12  # ranges of max-term levels whose bounds the final bound search may price
 _CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
 _ILP_GAP = 1e-4  # the column ILP stops within this of its own optimum (the priced bound is looser anyway)
 # Branch-and-bound nodes per column ILP: of one uniform scheme's columns, and of all columns. Work, not
@@ -114,13 +114,15 @@ class PricedSolve:
         return self.stopped
 
     # --- one price ------------------------------------------------------------------------------
-    def evaluate(self, price: Price, record: bool = True) -> _Priced:
-        """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`; with
-        `record`, it joins the priced assignments (and its blocks the columns)."""
+    def minimum(self, price: Price) -> float:
+        """The least priced sum under `price` alone (what the bounds are built from), without the
+        minimiser's choices or its exact time and peak."""
+        return float(self._sweep(price, [dp.table(price, self.ip.checkpointing) for dp in self.dps])[0].value)
+
+    def _sweep(self, price: Price, tables: list[BlockTable]) -> tuple:
+        """The outer variable-elimination sweep under `price`, the blocks' tables given, and per segment
+        its min-plus powers with their argmins (to walk the blocks' boundaries back)."""
         ip, dec = self.ip, self.dec
-        tables = [dp.table(price, ip.checkpointing) for dp in self.dps]
-        if record:
-            self.tables.append((price, tables))
         sizes: dict[int, int] = {}
         unary: dict[int, np.ndarray] = {}
         incoming: dict[int, list[tuple[int, np.ndarray]]] = {}
@@ -157,6 +159,16 @@ class PricedSolve:
         if order is None:
             raise RuntimeError("outer nodes form a cycle (internal error)")
         sweep = eliminate([ids[i] for i in order], sizes, unary, incoming, memo=self._memo)
+        return sweep, powers
+
+    def evaluate(self, price: Price, record: bool = True) -> _Priced:
+        """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`; with
+        `record`, it joins the priced assignments (and its blocks the columns)."""
+        ip, dec = self.ip, self.dec
+        tables = [dp.table(price, ip.checkpointing) for dp in self.dps]
+        if record:
+            self.tables.append((price, tables))
+        sweep, powers = self._sweep(price, tables)
         picked = {v: int(x) for v, x in sweep.argmin({}).items()}
         choice = [0] * ip.n
         for v in dec.outer_nodes:
@@ -204,7 +216,7 @@ class PricedSolve:
         levels = transient_levels(self.ip)
 
         def least_additive(cap: float) -> float:
-            return self.evaluate(Price(0.0, 1.0, 0.0, cap=cap), record=False).value
+            return self.minimum(Price(0.0, 1.0, 0.0, cap=cap))
 
         found = max_term_floor(levels[levels >= self.floor], least_additive, self.ip.budget, _FLOOR_PRICES)
         if found is not None and found > self.floor:
@@ -222,7 +234,7 @@ class PricedSolve:
         levels = transient_levels(self.ip)
         proved = [r for r in self.priced if np.isfinite(r.bound)]
         start = max(proved, key=lambda r: r.bound).price if proved else Price(1.0, self.scale)
-        bound = lagrange_range_bound(lambda price: self.evaluate(price, record=False).value, self.ip, start,
+        bound = lagrange_range_bound(self.minimum, self.ip, start,
                                      lambda: self._late(deadline))
         return banded_bound(levels[levels >= self.floor], bound, target * (1 - GAP_TOLERANCE), _BAND_RANGES)
 

@@ -34,6 +34,10 @@ NODE_LIMIT = 20_000
 # is bounded by allowing WORK_LIMIT / nonzeros such checkpoints (at least _MIN_CHECKS): a count, so the
 # answer is still a function of the model. About 100 checkpoints for an 11k-variable model, 10 for T5's.
 WORK_LIMIT = 4_000_000
+# HiGHS options for ILPs that start with a good cutoff (the column ILPs: the priced answer is one): its
+# RINS/RENS sub-MIPs and its restarts after root fixings then mostly repeat work. On hf-bert's mixed
+# column ILP (17,435 columns, 3 nodes either way) 31 s -> 12 s; the answers are the same.
+LEAN_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False, "mip_allow_restart": False}
 _MIN_CHECKS = 10
 
 
@@ -204,7 +208,7 @@ def resolve_solver(solver: str) -> str:
 def solve_milp(
     model: MilpModel, *, solver: str = "highs", time_limit: float | None = None, rel_gap: float = 1e-9,
     abs_gap: float = 0.0, cutoff: float = np.inf, node_limit: int | None = NODE_LIMIT,
-    work_limit: int | None = None, mip_start: dict[int, float] | None = None,
+    work_limit: int | None = None, mip_start: dict[int, float] | None = None, lean: bool = False,
 ) -> MilpResult:
     """Solve `model` with the named back end ("highs" or "cbc"). `node_limit`: branch-and-bound nodes at
     most (work, so the answer is reproducible); `work_limit`: with HiGHS, stop after work_limit / nonzeros
@@ -212,7 +216,8 @@ def solve_milp(
     inf: none, the default; a finite one makes the answer depend on the machine's speed). `cutoff`: an
     objective value known to be reachable (HiGHS prunes every branch that cannot beat it). `mip_start`:
     values of (some of) the integer variables of a known solution (a MIP start, HiGHS only; it completes
-    the rest), so a limit that stops the search early still returns at least that solution."""
+    the rest), so a limit that stops the search early still returns at least that solution. `lean`: with
+    HiGHS, no RINS/RENS sub-MIP heuristics and no restarts after root fixings (LEAN_OPTIONS)."""
     name = resolve_solver(solver)
     if model.trivially_infeasible:
         return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, name)
@@ -221,7 +226,7 @@ def solve_milp(
     start = time.perf_counter()
     seconds = None if time_limit is None or not np.isfinite(time_limit) else max(float(time_limit), 0.01)
     if name == "highs":
-        result = _solve_highs(model, seconds, rel_gap, abs_gap, cutoff, node_limit, work_limit, mip_start)
+        result = _solve_highs(model, seconds, rel_gap, abs_gap, cutoff, node_limit, work_limit, mip_start, lean)
     else:
         result = _solve_cbc(model, seconds, rel_gap, abs_gap, node_limit)
     result.seconds = time.perf_counter() - start
@@ -272,7 +277,7 @@ def _checkpoint_limit(h: object, checks: int) -> list[int]:
 
 def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs_gap: float, cutoff: float,
                  node_limit: int | None, work_limit: int | None = None,
-                 mip_start: dict[int, float] | None = None) -> MilpResult:
+                 mip_start: dict[int, float] | None = None, lean: bool = False) -> MilpResult:
     import highspy
 
     a = model.arrays()
@@ -296,6 +301,8 @@ def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs
     h.setOptionValue("mip_feasibility_tolerance", 1e-9)
     if np.isfinite(cutoff):
         h.setOptionValue("objective_bound", float(cutoff))
+    for option, value in (LEAN_OPTIONS.items() if lean else ()):
+        h.setOptionValue(option, value)
     h.passModel(lp)
     if mip_start:
         idx = np.array(sorted(mip_start), dtype=np.int32)

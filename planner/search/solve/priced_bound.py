@@ -39,7 +39,7 @@ from planner.search.solve.indexed import IndexedProblem
 
 __all__ = ["banded_bound", "golden_max", "lagrange_range_bound", "max_term_floor", "transient_levels"]
 
-_RANGE_STEPS = 6  # prices per golden-section search of one range's bound: over log(mu), then over f ...
+_RANGE_STEPS = 5  # prices per golden-section search of one range's bound: over log(mu), then over f ...
 _RANGE_SPAN = float(np.log(30.0))  # ... log(mu) within 30 times the enclosing range's best price either way
 
 
@@ -99,21 +99,23 @@ def golden_max(value: Callable[[float], float], lo: float, hi: float, steps: int
 
 
 def banded_bound(levels: np.ndarray, range_bound: Callable[[float, float, Any], tuple[float, Any]],
-                 target: float, most: int) -> float:
+                 target: float, most: int, stall: int = 3) -> float:
     """A lower bound on the optimum: the least range bound over ranges of `levels` that cover them all
     (module docstring). range_bound(cap, floor, hint) -> (bound, hint) must give a valid bound for the
     fitting assignments whose level lies in [floor, cap] (both levels; inf where none fits); `hint` is
     what it returned for the enclosing range (None for the first), e.g. where its best price was. Best
     first: the range with the lowest bound is halved until every range left is at or above `target` (the
-    best answer known: then the answer is proven), the lowest is a single level, or `most` calls are spent
-    (a count, not seconds). A part's bound is at least its whole's (a subset), so it keeps the larger."""
+    best answer known: then the answer is proven), the lowest is a single level, `most` calls are spent
+    (a count, not seconds), or `stall` halvings in a row left the lowest bound where it was (where the
+    max term does not bind, no range lifts it). A part's bound is at least its whole's (a subset), so it
+    keeps the larger."""
     values = np.unique(np.asarray(levels, dtype=float))
     if not len(values):
         return -np.inf
     low, hint = range_bound(values[-1], values[0], None)
     heap: list[tuple[float, int, int, int, Any]] = [(low, 0, len(values) - 1, 0, hint)]
-    calls = 1
-    while calls + 2 <= most:
+    calls, flat = 1, 0
+    while calls + 2 <= most and flat < stall:
         low, i, k, _, hint = heap[0]
         if low >= target or i == k:
             break
@@ -123,6 +125,7 @@ def banded_bound(levels: np.ndarray, range_bound: Callable[[float, float, Any], 
             value, part = range_bound(values[b], values[a], hint)
             calls += 1
             heapq.heappush(heap, (max(low, value), a, b, calls, part))  # calls: ties never compare hints
+        flat = flat + 1 if heap[0][0] <= low * (1 + 1e-9) + 1e-300 else 0
     return float(heap[0][0])
 
 

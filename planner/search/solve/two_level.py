@@ -138,7 +138,7 @@ class TwoLevel:
         gaps = {"rel_gap": rel_gap} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
         slack = 1e-7 * abs(upper) if mode == "time" else 1.0
         res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(),
-                         cutoff=(upper + slack) * built.scale, node_limit=node_limit, **gaps)
+                         cutoff=(upper + slack) * built.scale, node_limit=node_limit, lean=True, **gaps)
         if res.x is None:
             return _Round(res, built, [], [], np.inf)
         choice, ckpt = built.extract(res.x)

@@ -121,6 +121,19 @@ def test_banded_bound_is_the_least_level_bound_once_every_range_is_split(seed: i
     assert len(calls) < 2 * len(levels)
 
 
+def test_banded_bound_stops_when_halving_does_not_lift_it() -> None:
+    """Where no range lifts the bound (the max term does not bind), the search stops after `stall`
+    halvings in a row instead of spending its whole count."""
+    calls: list[float] = []
+
+    def flat(cap: float, floor: float, hint: object) -> tuple[float, object]:
+        calls.append(cap)
+        return 1.0, None
+
+    assert banded_bound(np.arange(100.0), flat, np.inf, 1_000, stall=3) == 1.0
+    assert len(calls) == 1 + 2 * 3
+
+
 def test_banded_bound_is_below_the_optimum_and_lifts_the_floor_bound() -> None:
     """On small problems at tight budgets, against every assignment: the bound by ranges of max-term
     levels never passes the optimum, and on some it is above the bound with the raised floor alone."""
