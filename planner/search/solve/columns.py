@@ -50,6 +50,7 @@ from planner.search.solve.priced_bound import (
     golden_max,
     lagrange_range_bound,
     max_term_floor,
+    price_bound,
     transient_levels,
 )
 from planner.search.solve.problem import Solution
@@ -206,7 +207,7 @@ class PricedSolve:
         m = len(self.ip.block_nodes)
         valid = (price.a == 1.0 and price.cap == np.inf and not price.only
                  and (price.c == 0.0 or price.c * m <= price.b * (1 + 1e-12)))
-        return value + (price.b - price.c * m) * self.floor - price.b * self.ip.budget if valid else -np.inf
+        return price_bound(value, price, self.floor, self.ip) if valid else -np.inf
 
     def _raise_floor(self) -> bool:
         """Raise `floor` from the least op transient to the least max term that an assignment that fits can

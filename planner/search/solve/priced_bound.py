@@ -37,10 +37,18 @@ import numpy as np
 from planner.search.solve.block_dp import Price
 from planner.search.solve.indexed import IndexedProblem
 
-__all__ = ["banded_bound", "golden_max", "lagrange_range_bound", "max_term_floor", "transient_levels"]
+__all__ = ["banded_bound", "golden_max", "lagrange_range_bound", "max_term_floor", "price_bound", "transient_levels"]
 
 _RANGE_STEPS = 5  # prices per golden-section search of one range's bound: over log(mu), then over f ...
 _RANGE_SPAN = float(np.log(30.0))  # ... log(mu) within 30 times the enclosing range's best price either way
+
+
+def price_bound(value: float, price: Price, floor: float, ip: IndexedProblem) -> float:
+    """What the least priced sum `value` under `price` (a = 1, c·M <= b, M blocks) proves for every fitting
+    assignment whose max term is at least `floor` and whose transients obey the price's cap: its time is at
+    least value + (b - c·M)·floor - b·budget (the max term is also at least the mean over all blocks of
+    what a checkpointed block recomputes, which the c term prices)."""
+    return value + (price.b - price.c * len(ip.block_nodes)) * floor - price.b * ip.budget
 
 
 def transient_levels(ip: IndexedProblem) -> np.ndarray:
@@ -125,7 +133,7 @@ def banded_bound(levels: np.ndarray, range_bound: Callable[[float, float, Any], 
             value, part = range_bound(values[b], values[a], hint)
             calls += 1
             heapq.heappush(heap, (max(low, value), a, b, calls, part))  # calls: ties never compare hints
-        flat = flat + 1 if heap[0][0] <= low * (1 + 1e-9) + 1e-300 else 0
+        flat = flat + 1 if heap[0][0] <= low + 1e-9 * abs(low) else 0
     return float(heap[0][0])
 
 
@@ -134,8 +142,8 @@ def lagrange_range_bound(minimum: Callable[[Price], float], ip: IndexedProblem, 
     """A `banded_bound` range bound from priced minima: minimum(price) is the least priced sum
     a·time + b·additive + c·recomputed over the assignments whose transients are <= price.cap.
 
-    For a range [floor, cap] every fitting assignment x there has time(x) >= minimum(1, b, c, cap) +
-    (b - c·M)·floor - b·budget when c·M <= b (M blocks; see `columns.PricedSolve._bound`). With c = f·b/M,
+    For a range [floor, cap] every fitting assignment x there has time(x) >= `price_bound` of
+    minimum(1, b, c, cap) when c·M <= b (M blocks). With c = f·b/M,
     0 <= f <= 1, the best of two golden-section searches is kept: over log(b) about the enclosing range's
     best price (`start`'s for the first range), then over f at the best b (each bound is concave in its
     multipliers). A range whose least additive bytes under its cap plus its floor exceed the budget holds
@@ -154,7 +162,8 @@ def lagrange_range_bound(minimum: Callable[[Price], float], ip: IndexedProblem, 
 
         def value(x: float, g: float) -> float:
             mu = float(np.exp(x))
-            seen[x, g] = minimum(Price(1.0, mu, g * mu / m, cap=cap)) + (1.0 - g) * mu * floor - mu * ip.budget
+            price = Price(1.0, mu, g * mu / m, cap=cap)
+            seen[x, g] = price_bound(minimum(price), price, floor, ip)
             return seen[x, g]
 
         golden_max(lambda x: value(x, f), log_mu - _RANGE_SPAN, log_mu + _RANGE_SPAN, _RANGE_STEPS, stop)
