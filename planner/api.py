@@ -164,8 +164,8 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
         return build_problem(graph, m, hw, budget_bytes, device=kind, bytes_per_param=bpp, schemes=allowed,
                              checkpointing=checkpointing, input_mode=inputs)
 
-    results = plan_meshes(mesh_list, lambda m: plan_mesh(m, build, assemble, budget_bytes, solver=solver,
-                                                         time_limit=time_limit),
+    results = plan_meshes(mesh_list, lambda m, beaten: plan_mesh(m, build, assemble, budget_bytes, solver=solver,
+                                                                 time_limit=time_limit, beaten=beaten),
                           time_limit=time_limit, progress=progress, workers=workers)
     unavailable = [f"mesh {r.mesh}: {r.unavailable}" for r in results if r.unavailable]
     best: MeshResult | None = None

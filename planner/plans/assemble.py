@@ -37,7 +37,7 @@ from planner.search.build import BuiltProblem, _out_layout
 from planner.search.solve import Solution
 from planner.trace.graph import ModelGraph
 
-__all__ = ["assemble_plan"]
+__all__ = ["assemble_plan", "solver_info"]
 
 
 def _forward_bytes(cost) -> int:
@@ -169,6 +169,12 @@ def _output_working_set(op: OpNode, strat: Strategy, built: BuiltProblem, pick: 
             _out_layout(built.strategies[src][pick[src]], nodes[src], op)
         most = max(most, output_working_set(op.input_meta, arg, have, input_mode, built.mesh, hw, grad=flows[src]))
     return most
+
+
+def solver_info(sol: Solution) -> SolverInfo:
+    """The plan's solver block: how `sol` was found, its status, gap and bound (None where NaN: unknown)."""
+    bound = sol.bound if sol.bound == sol.bound else None
+    return SolverInfo(sol.solver, sol.status, sol.objective, sol.gap, sol.seconds, sol.method, bound, sol.message)
 
 
 def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: HardwareProfile, *, budget_bytes: int,
@@ -363,8 +369,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
         comm_bytes=sum(a.cost.comm_bytes for a in assignments) + sum(r.comm_bytes for r in redists),
         recompute_s=recompute, per_op=per_op,
     )
-    bound = sol.bound if sol.bound == sol.bound else None  # NaN: no bound known
-    solver = SolverInfo(sol.solver, sol.status, sol.objective, sol.gap, sol.seconds, sol.method, bound, sol.message)
+    solver = solver_info(sol)
     inputs = [InputInfo(n.name, list(n.out.shape), n.out.dtype) for n in graph.nodes if n.kind == "input"]
     return Plan(model=ModelInfo(graph.name, graph.fingerprint, inputs), mesh=mesh, budget_bytes=budget_bytes,
                 hardware=hw.to_json(), assignments=assignments, redistributions=redists,

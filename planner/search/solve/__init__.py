@@ -12,12 +12,14 @@ blocks (`planner.search.solve.columns`), or the exact two-level solve (`planner.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
+import math
 import time
 from collections.abc import Callable
 
 from planner.search.solve.brute_force import brute_force
-from planner.search.solve.columns import PricedSolve
+from planner.search.solve.columns import GAP_TOLERANCE, PricedSolve
 from planner.search.solve.decompose import Decomposition, NotDecomposable, decompose
 from planner.search.solve.driver import solve_built
 from planner.search.solve.evaluate import evaluate, evaluate_indexed
@@ -72,7 +74,7 @@ def _flat_starts(ip: IndexedProblem) -> dict[str, tuple[list[int], list[int]] | 
 
 def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs", time_limit: float | None = None,
           method: str = "auto", progress: bool = False, account: Callable[[Solution], int] | None = None,
-          loosen: int = 0) -> Solution:
+          loosen: int = 0, beaten: Callable[[float], bool] | None = None) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
@@ -97,6 +99,14 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     loosen: bytes by which the first round's budget exceeds `budget`, where the formulas are known to
         count more than `account` (a checkpointed block's recompute peak is an upper bound there).
         With an account, an answer that no round fits comes back "infeasible" without an assignment.
+    beaten: beaten(bound) says whether an answer found elsewhere (another mesh's plan) is faster than
+        `bound` seconds. The priced search stops as soon as its lower bound is beaten, with status "beaten"
+        and no assignment: its answer would have been slower than that one anyway, so a caller that keeps
+        the fastest answer keeps the same one, whenever the other answer arrived.
+
+    A round's lower bound holds for every later round (their budgets are tighter), so the answer's bound is
+    the best of all rounds; the priced search's most expensive bound (by ranges of max-term levels) runs
+    once, for the answer returned, and only where the answer is still more than 5 % above that bound.
 
     An infeasible budget gives status "infeasible" with `min_feasible_budget` (the least peak; `message`
     says when the time limit left it unproven) and the least-memory assignment in `choice`,
@@ -112,8 +122,18 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     budget = int(problem.budget_bytes if budget is None else budget)
     measure = account if account is not None else (lambda s: s.peak_bytes)
     shrink = -int(loosen)
+    proven = -math.inf  # the best lower bound of the rounds so far (they hold for every tighter budget)
+    lift: Callable[[Solution], None] | None = None
     for _ in range(FIT_ROUNDS):
-        sol = _solve_at(problem, budget - shrink, name, deadline, method, progress)
+        if beaten is not None and beaten(proven):
+            return Solution(status="beaten", bound=proven, seconds=time.perf_counter() - start,
+                            message=f"stopped: its lower bound {proven:.6g} s is beaten by an answer found elsewhere")
+        sol, lift = _solve_at(problem, budget - shrink, name, deadline, method, progress, beaten)
+        if sol.status == "beaten":
+            lift = None
+            break
+        if math.isfinite(sol.bound):
+            proven = max(proven, sol.bound)
         if sol.status in ("optimal", "feasible"):
             used = measure(sol)
             if used <= budget:
@@ -127,12 +147,16 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
                      used, budget, grow)
             shrink = grow
             if budget - shrink < 0:
-                sol = _unfit(problem, budget, shrink, account, name, deadline, method, progress)
+                sol, lift = _unfit(problem, budget, shrink, account, name, deadline, method, progress), None
                 break
         else:
             break
     else:
-        sol = _unfit(problem, budget, shrink, account, name, deadline, method, progress)
+        sol, lift = _unfit(problem, budget, shrink, account, name, deadline, method, progress), None
+    if sol.status in ("optimal", "feasible"):
+        sol.raise_bound(proven, GAP_TOLERANCE)
+        if lift is not None:
+            lift(sol)
     if shrink > 0 and sol.status in ("optimal", "feasible"):
         sol.message = "; ".join(m for m in (sol.message, f"budget tightened by {shrink} B for what the "
                                                            "answer takes beyond the solver's model") if m)
@@ -153,13 +177,15 @@ def _unfit(problem: Problem, budget: int, shrink: int, account: Callable[[Soluti
     "infeasible", or "feasible" where it fits); with one, "infeasible" and no assignment: the caller knows
     what its account adds and searches for the least budget itself (`plan_mesh`)."""
     if account is None:
-        return _solve_at(problem, 0, name, deadline, method, progress)
+        return _solve_at(problem, 0, name, deadline, method, progress)[0]
     return Solution(status="infeasible", message=(
         f"no answer fit the budget of {budget} B by the account after tightening the solver's budget by {shrink} B"))
 
 
-def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method: str, progress: bool) -> Solution:
-    """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given."""
+def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method: str, progress: bool,
+              beaten: Callable[[float], bool] | None = None) -> tuple[Solution, Callable[[Solution], None] | None]:
+    """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
+    and for a priced answer the bound search left for the answer `solve` keeps (`PricedSolve.lift`)."""
     exact = IndexedProblem(problem, budget)
     ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
     ip.time, ip.recompute, ip.transient, ip.edges = (list(exact.time), list(exact.recompute),
@@ -167,10 +193,12 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
     fold_fixed_edges(ip)
     chosen, dec = _pick_method(ip) if method == "auto" else (method, None)
     with Progress(progress, f"planner: {chosen.replace('_', '-')} solve of {ip.n} nodes", PROGRESS_DELAY_S):
-        sol = None
+        sol, lift = None, None
         if chosen == "priced":
             try:
-                sol = PricedSolve(ip, dec or decompose(ip)).solve(name, deadline)
+                search = PricedSolve(ip, dec or decompose(ip), beaten)
+                sol = search.solve(name, deadline, lift=False)
+                lift = functools.partial(search.lift, deadline=deadline)
             except NotDecomposable as err:
                 if method == "priced":
                     raise
@@ -188,4 +216,4 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
     if sol.choice:  # the figures of the problem as given (folding reorders float sums in the last bits)
         vec = [sol.choice[name] for name in exact.names]
         sol.objective, sol.peak_bytes, _ = evaluate_indexed(exact, vec, [exact.block_index(b) for b in sol.checkpointed])
-    return sol
+    return sol, lift

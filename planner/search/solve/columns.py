@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -53,7 +54,7 @@ from planner.search.solve.priced_bound import (
     price_bound,
     transient_levels,
 )
-from planner.search.solve.problem import Solution
+from planner.search.solve.problem import NOT_PROVEN, Solution
 from planner.search.solve.two_level import TwoLevel, usable_columns
 
 __all__ = ["PricedSolve", "GAP_TOLERANCE"]
@@ -95,8 +96,14 @@ class _Priced:
 class PricedSolve:
     """The priced search and the column ILP for one decomposable problem (see the module docstring)."""
 
-    def __init__(self, ip: IndexedProblem, dec: Decomposition) -> None:
+    def __init__(self, ip: IndexedProblem, dec: Decomposition,
+                 beaten: Callable[[float], bool] | None = None) -> None:
+        """beaten(bound): whether an answer found elsewhere (another mesh's plan) is faster than `bound`
+        seconds; once the best lower bound here is beaten the search stops (status "beaten")."""
         self.ip, self.dec = ip, dec
+        self.beaten = beaten
+        self.dominated = False  # the best lower bound here is beaten (see __init__)
+        self.best_bound = -np.inf  # the best lower bound any priced minimum proved so far
         self.dps = [BlockDP(c.shape) for c in dec.classes]
         self.floor = max((float(t.min()) for t in ip.transient), default=0.0)
         self.priced: list[_Priced] = []
@@ -109,10 +116,13 @@ class PricedSolve:
         self._evaluate = FastEvaluator(ip)  # the priced assignments' time and peak, as evaluate_indexed gives them
 
     def _late(self, deadline: float) -> bool:
-        """Whether the user's time limit (a time.perf_counter() value; inf: none) has passed."""
+        """Whether to stop searching: the user's time limit (a time.perf_counter() value; inf: none) has
+        passed, or the best lower bound is beaten by an answer found elsewhere."""
         if time.perf_counter() > deadline:
             self.stopped = True
-        return self.stopped
+        if self.beaten is not None and not self.dominated and self.beaten(self.best_bound):
+            self.dominated = True
+        return self.stopped or self.dominated
 
     # --- one price ------------------------------------------------------------------------------
     def minimum(self, price: Price) -> float:
@@ -197,6 +207,7 @@ class PricedSolve:
         out = _Priced(price, choice, sorted(ckpt), boundary, time_s, peak, self._bound(price, value), value)
         if record:
             self.priced.append(out)
+            self.best_bound = max(self.best_bound, out.bound)
         return out
 
     def _bound(self, price: Price, value: float) -> float:
@@ -224,6 +235,7 @@ class PricedSolve:
             self.floor = found
             for r in self.priced:
                 r.bound = self._bound(r.price, r.value)
+                self.best_bound = max(self.best_bound, r.bound)
         return found is not None
 
     def _banded(self, target: float, deadline: float) -> float:
@@ -240,14 +252,18 @@ class PricedSolve:
         return banded_bound(levels[levels >= self.floor], bound, target * (1 - GAP_TOLERANCE), _BAND_RANGES)
 
     # --- the search -------------------------------------------------------------------------------
-    def solve(self, solver: str, deadline: float) -> Solution:
+    def solve(self, solver: str, deadline: float, lift: bool = True) -> Solution:
         """The answer (see the module docstring); `deadline`: a time.perf_counter() value where the user's
-        time limit stops the search (inf: none; every other limit is a count)."""
+        time limit stops the search (inf: none; every other limit is a count). Without `lift`, the bound by
+        ranges of max-term levels is left to a later `lift(answer)`: a caller that may discard this answer
+        (`solve`'s tighten-and-retry loop) prices it only for the answer it keeps."""
         start = time.perf_counter()
         ip = self.ip
         fastest = self.evaluate(Price(1.0, self.tiny))
         if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
             return self._answer(fastest, start, "optimal", 0.0, "", fastest.bound)
+        if self._late(deadline) and self.dominated:
+            return self._beaten(start)
         mu0 = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
         top = self.scale * 1e8
         hi = self._explore((), mu0, top, deadline)
@@ -275,7 +291,21 @@ class PricedSolve:
             if best - max(r.bound for r in self.priced) > _LIFT_GAP * best and self._raise_floor():
                 start_mu = max((r for r in self.priced if np.isfinite(r.bound)), key=lambda r: r.bound).price.b
                 self._lift_bound(start_mu / 100, start_mu * 100, deadline, (0.0, 0.5))
-        return self._finish(start, deadline, solver, firsts, mixed)
+        sol = self._finish(start, deadline, solver, firsts, mixed)
+        if lift:
+            self.lift(sol, deadline)
+        return sol
+
+    def lift(self, sol: Solution, deadline: float) -> None:
+        """Where `sol` (this search's answer) is still more than _LIFT_GAP above its bound, raise the bound
+        by ranges of max-term levels (`_banded`) and update its gap and status."""
+        if sol.status in ("optimal", "feasible") and sol.objective - sol.bound > _LIFT_GAP * sol.objective:
+            sol.raise_bound(self._banded(sol.objective, deadline), GAP_TOLERANCE)
+
+    def _beaten(self, start: float) -> Solution:
+        return Solution(status="beaten", seconds=time.perf_counter() - start, solver="dp", method="priced",
+                        bound=self.best_bound, message=f"stopped: its lower bound {self.best_bound:.6g} s is "
+                        "beaten by an answer found elsewhere")
 
     def _lift_bound(self, lo: float, hi: float, deadline: float, weights: tuple[float, ...]) -> None:
         """Raise the lower bound: golden-section searches over log(mu) of the bound of prices (1, mu, f·mu/M),
@@ -432,6 +462,8 @@ class PricedSolve:
             every, rounds = outer.points, []
         cut = False
         for only, nodes in rounds:
+            if self._late(deadline) and self.dominated:
+                return self._beaten(start)
             upper = answer[2] if answer is not None else np.inf
             outer = self._outer(only)
             every = outer.points
@@ -444,8 +476,6 @@ class PricedSolve:
         self.stats["columns"] = float(sum(len(p) for p in outer.points))
         if answer is not None:
             value = answer[2]
-            if value - bound > _LIFT_GAP * value:  # still far: the bound by ranges of max-term levels
-                bound = max(bound, self._banded(value, deadline))
             gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
             return self._solution(*answer, start, gap, solver, cut, bound)
         outer.points = every  # the least memory may use columns that do not fit: all of the last round's
@@ -502,7 +532,7 @@ class PricedSolve:
                   solver: str, cut: bool, bound: float) -> Solution:
         ip = self.ip
         status = "optimal" if gap <= GAP_TOLERANCE else "feasible"
-        notes = [] if status == "optimal" else ["not proven optimal: the priced search's lower bound stays below it"]
+        notes = [] if status == "optimal" else [NOT_PROVEN]
         if cut:
             notes.append("a column ILP stopped at its node limit")
         if self.stopped:

@@ -27,11 +27,12 @@ Time (seconds of one training step):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "Problem", "Solution"]
+__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "Problem", "Solution", "NOT_PROVEN"]
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,15 @@ class Problem:
     uniform_groups: list[tuple[str, ...]] = field(default_factory=list)
 
 
+NOT_PROVEN = "not proven optimal: the priced search's lower bound stays below it"  # a "feasible" answer's note
+
+
 @dataclass
 class Solution:
     """status: "optimal" (proven: the gap to a lower bound closed), "feasible" (not proven: `gap` is the
-    relative distance to the lower bound `bound`, NaN when none is known), "infeasible" or "error".
+    relative distance to the lower bound `bound`, NaN when none is known), "infeasible", "error", or
+    "beaten" (stopped without an answer: its lower bound shows that an answer found elsewhere, another
+    mesh's plan, is faster than anything it could find; `solve`'s `beaten`).
 
     `method` says how it was found ("flat", "priced", "two_level", "brute_force"); `message` explains an
     "error" status or an unproven figure in plain words (which limit stopped the solver; empty otherwise).
@@ -116,3 +122,15 @@ class Solution:
     method: str = ""
     message: str = ""
     bound: float = float("nan")  # a proven lower bound on the optimum (seconds); NaN when none is known
+
+    def raise_bound(self, bound: float, tolerance: float) -> None:
+        """Take a (possibly) higher proven lower bound: the gap shrinks, and the answer is "optimal" once
+        the gap is within `tolerance` (the note that it is not proven goes)."""
+        if not (bound > self.bound or (math.isnan(self.bound) and math.isfinite(bound))) \
+                or self.status not in ("optimal", "feasible"):
+            return
+        self.bound = bound
+        self.gap = max(0.0, (self.objective - bound) / self.objective) if self.objective > 0 else 0.0
+        if self.gap <= tolerance:
+            self.status = "optimal"
+            self.message = "; ".join(m for m in self.message.split("; ") if m and m != NOT_PROVEN)

@@ -155,3 +155,24 @@ def test_dropping_unusable_columns_keeps_the_column_ilp_optimum() -> None:
         loose.points = usable_columns(ps.ip, ps.dec, loose.points, loose.allowed, ref.value * (1 + 1e-6))
         assert loose.outer("time", "highs", 1e18).value == pytest.approx(ref.value, rel=1e-9)
     assert dropped > 0  # the budget did rule columns out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_beaten_search_could_only_have_lost(seed: int) -> None:
+    """`solve(beaten=)` (another mesh's plan is faster than T): the priced search either stops with a lower
+    bound above T that its own answer would have had to meet, or, never beaten, gives the same answer as
+    without it. Thresholds from well below the answer's bound (always beaten) to above the answer."""
+    rng = np.random.default_rng(6000 + seed)
+    problem = repeated_blocks(rng, n_blocks=int(rng.integers(4, 9)), block_nodes=4, choices=3, residual=True,
+                              budget_fraction=float(rng.uniform(0.6, 0.8)))
+    ref = solve(problem, method="priced")
+    assert ref.status in ("optimal", "feasible")
+    stopped = 0
+    for t in (0.5 * ref.bound, 0.9 * ref.objective, 0.99 * ref.objective, ref.objective, 1.2 * ref.objective):
+        sol = solve(problem, method="priced", beaten=lambda bound, t=t: bound > t)
+        if sol.status == "beaten":
+            stopped += 1
+            assert not sol.choice and t < sol.bound <= ref.objective * (1 + 1e-9)
+        else:
+            assert (sol.choice, sol.checkpointed, sol.objective) == (ref.choice, ref.checkpointed, ref.objective)
+    assert stopped >= 1  # at 0.5 x its bound, the first proven bound is already beaten

@@ -1,0 +1,51 @@
+"""Meshes planned side by side share the fastest plan found so far (`planner.plans.meshes.Incumbent`): a mesh
+whose lower bound is above it stops early. The plan returned must not depend on which mesh finished first.
+
+HF Llama (zoo, 2 layers) on 8 ranks at 6 MiB, about 3x its smallest budget: 2x2x2 wins (0.34 ms; the
+lower bound on (8,) is 0.42 ms). Planned with 2x2x2 first, the (8,) mesh is stopped; planned (8,) first, nothing is stopped; in two
+worker processes, whichever is first. The three plans are the same, byte for byte apart from the solver's
+seconds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from zoo import ZOO, build
+
+import planner.api
+from planner import plan
+from planner.trace.tracer import capture
+
+
+def _plan_json(p) -> dict:
+    out = json.loads(p.to_json())
+    out["solver"].pop("seconds")
+    return out
+
+
+def test_the_plan_does_not_depend_on_which_mesh_is_planned_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not ZOO["hf-llama"].available():
+        pytest.skip("hf-llama needs transformers")
+    ex = build("hf-llama")
+    graph = capture(ex.model, ex.example_inputs, name="hf-llama")
+    budget = "6MiB"  # about 3x the smallest budget (2,112,000 B)
+
+    seen: list[list] = []
+    plan_meshes = planner.api.plan_meshes
+
+    def recording(*args, **kwargs):
+        results = plan_meshes(*args, **kwargs)
+        seen.append(results)
+        return results
+
+    monkeypatch.setattr(planner.api, "plan_meshes", recording)
+    first = plan(graph, budget, world_size=8, meshes=["2x2x2", "8"], workers=1)
+    last = plan(graph, budget, world_size=8, meshes=["8", "2x2x2"], workers=1)
+    both = plan(graph, budget, world_size=8, meshes=["2x2x2", "8"], workers=2)
+    assert [(str(r.mesh), r.beaten, r.plan is not None) for r in seen[0]] == [("2x2x2(x,y,z)", False, True),
+                                                                           ("8(x)", True, False)]
+    assert [r.beaten for r in seen[1]] == [False, False] and seen[1][0].plan is not None  # (8,) planned to the end
+    assert first.mesh.shape == (2, 2, 2)
+    assert _plan_json(first) == _plan_json(last) == _plan_json(both)
