@@ -1,9 +1,7 @@
 """Fast solve for many identical blocks: price memory, sweep exactly, then mix the blocks with an ILP.
 
 Relaxing the budget row with a price mu per byte (Lagrange) leaves an unconstrained sum that exact
-dynamic programming minimises in milliseconds: per block class a table of the cheapest block for every
-boundary (`planner.search.solve.block_dp`), per segment of m chained blocks its min-plus m-th power, and one
-variable-elimination sweep over the nodes outside blocks (`planner.search.solve.eliminate`). Each price gives
+dynamic programming minimises in milliseconds (`planner.search.solve.price_sweep`). Each price gives
 
 * an assignment (re-evaluated exactly: feasible when its peak fits), and
 * a lower bound: for every assignment x that fits, time(x) >= min_y [time(y) + mu·additive(y)] +
@@ -37,15 +35,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.search.solve.block_dp import BlockDP, BlockTable, Price, allowed
+from planner.search.solve.block_dp import BlockTable, Price, allowed
 from planner.search.solve.decompose import Decomposition
 from planner.search.solve.driver import infeasible_or_fallback
-from planner.search.solve.eliminate import eliminate
 from planner.search.solve.evaluate import FastEvaluator, evaluate_indexed
-from planner.search.solve.frontier import FrontierPoint, topological_order, undominated
+from planner.search.solve.frontier import FrontierPoint, undominated
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import resolve_solver
 from planner.search.solve.min_budget import LeastMemory
+from planner.search.solve.price_sweep import PriceSweep
 from planner.search.solve.priced_bound import (
     banded_bound,
     golden_max,
@@ -104,7 +102,8 @@ class PricedSolve:
         self.beaten = beaten
         self.dominated = False  # the best lower bound here is beaten (see __init__)
         self.best_bound = -np.inf  # the best lower bound any priced minimum proved so far
-        self.dps = [BlockDP(c.shape) for c in dec.classes]
+        self.sweep = PriceSweep(ip, dec)
+        self.dps = self.sweep.dps
         self.floor = max((float(t.min()) for t in ip.transient), default=0.0)
         self.priced: list[_Priced] = []
         self.tables: list[tuple[Price, list[BlockTable]]] = []
@@ -112,7 +111,6 @@ class PricedSolve:
         self.scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)  # seconds per budget byte, at most
         self.tiny = self.scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
         self.stopped = False  # the user's time limit cut the search or an ILP short
-        self._memo: dict = {}  # compiled eliminations of the outer sweep (see eliminate's memo)
         self._evaluate = FastEvaluator(ip)  # the priced assignments' time and peak, as evaluate_indexed gives them
 
     def _late(self, deadline: float) -> bool:
@@ -125,86 +123,15 @@ class PricedSolve:
         return self.stopped or self.dominated
 
     # --- one price ------------------------------------------------------------------------------
-    def minimum(self, price: Price) -> float:
-        """The least priced sum under `price` alone (what the bounds are built from), without the
-        minimiser's choices or its exact time and peak."""
-        return float(self._sweep(price, [dp.table(price, self.ip.checkpointing) for dp in self.dps])[0].value)
-
-    def _sweep(self, price: Price, tables: list[BlockTable]) -> tuple:
-        """The outer variable-elimination sweep under `price`, the blocks' tables given, and per segment
-        its min-plus powers with their argmins (to walk the blocks' boundaries back)."""
-        ip, dec = self.ip, self.dec
-        sizes: dict[int, int] = {}
-        unary: dict[int, np.ndarray] = {}
-        incoming: dict[int, list[tuple[int, np.ndarray]]] = {}
-        for v in dec.outer_nodes:
-            w = price.a * ip.time[v] + price.b * (ip.state[v] + ip.saved[v]).astype(float)
-            sizes[v], unary[v], incoming[v] = ip.sizes[v], np.where(ip.transient[v] <= price.cap, w, np.inf), []
-            mask = allowed(ip.labels[v], price.only)
-            if mask is not None:
-                unary[v] = np.where(mask, unary[v], np.inf)
-        powers = []
-        for k, seg in enumerate(dec.segments):
-            cost = tables[seg.cls].cost
-            steps = [(cost, None)]
-            for _ in range(len(seg.blocks) - 1):  # min-plus powers, with the argmin of each join
-                both = steps[-1][0][:, :, None] + cost[None, :, :]
-                arg = np.argmin(both, axis=1)
-                steps.append((np.take_along_axis(both, arg[:, None, :], axis=1)[:, 0, :], arg))
-            powers.append(steps)
-            node = _seg_node(k, seg.out)
-            sizes[node] = cost.shape[1]
-            if seg.port is None:
-                unary[node], incoming[node] = steps[-1][0][0], []
-            else:
-                unary[node], incoming[node] = np.zeros(cost.shape[1]), [(seg.port, steps[-1][0])]
-        for e in ip.edges:
-            if ip.block_of[e.dst] < 0:
-                mat = price.a * e.cost
-                if e.transient is not None:
-                    mat = np.where(e.transient <= price.cap, mat, np.inf)
-                incoming[e.dst].append((e.src, mat))
-        ids = list(sizes)
-        pos = {v: i for i, v in enumerate(ids)}
-        order = topological_order(len(ids), [(pos[u], pos[v]) for v in ids for u, _ in incoming[v]])
-        if order is None:
-            raise RuntimeError("outer nodes form a cycle (internal error)")
-        sweep = eliminate([ids[i] for i in order], sizes, unary, incoming, memo=self._memo)
-        return sweep, powers
-
     def evaluate(self, price: Price, record: bool = True) -> _Priced:
         """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`; with
         `record`, it joins the priced assignments (and its blocks the columns)."""
-        ip, dec = self.ip, self.dec
-        tables = [dp.table(price, ip.checkpointing) for dp in self.dps]
+        tables = self.sweep.tables(price)
         if record:
             self.tables.append((price, tables))
-        sweep, powers = self._sweep(price, tables)
-        picked = {v: int(x) for v, x in sweep.argmin({}).items()}
-        choice = [0] * ip.n
-        for v in dec.outer_nodes:
-            choice[v] = picked[v]
-        ckpt, boundary = [], []
-        for k, seg in enumerate(dec.segments):
-            start = 0 if seg.port is None else picked[seg.port]
-            walk = [picked[_seg_node(k, seg.out)]]
-            for _, arg in reversed(powers[k][1:]):
-                walk.append(int(arg[start, walk[-1]]))
-            walk.append(start)
-            walk = walk[::-1]  # walk[i] -> walk[i + 1] is block i's boundary
-            table, dp = tables[seg.cls], self.dps[seg.cls]
-            ps, qs = np.array(walk[:-1]), np.array(walk[1:])
-            flags = table.ckpt[ps, qs]
-            rows = table.choice(ps, qs, flags, dp.n)
-            for blk, row, p, q, flag in zip(seg.blocks, rows, ps, qs, flags):
-                for v, c in zip(ip.block_nodes[blk], row):
-                    choice[v] = int(c)
-                if flag:
-                    ckpt.append(blk)
-                boundary.append((seg.cls, int(p), int(q), bool(flag)))
+        choice, ckpt, boundary, value = self.sweep.minimiser(price, tables)
         time_s, peak = self._evaluate(choice, ckpt)
-        value = float(sweep.value)
-        out = _Priced(price, choice, sorted(ckpt), boundary, time_s, peak, self._bound(price, value), value)
+        out = _Priced(price, choice, ckpt, boundary, time_s, peak, self._bound(price, value), value)
         if record:
             self.priced.append(out)
             self.best_bound = max(self.best_bound, out.bound)
@@ -228,7 +155,7 @@ class PricedSolve:
         levels = transient_levels(self.ip)
 
         def least_additive(cap: float) -> float:
-            return self.minimum(Price(0.0, 1.0, 0.0, cap=cap))
+            return self.sweep.minimum(Price(0.0, 1.0, 0.0, cap=cap))
 
         found = max_term_floor(levels[levels >= self.floor], least_additive, self.ip.budget, _FLOOR_PRICES)
         if found is not None and found > self.floor:
@@ -247,7 +174,7 @@ class PricedSolve:
         levels = transient_levels(self.ip)
         proved = [r for r in self.priced if np.isfinite(r.bound)]
         start = max(proved, key=lambda r: r.bound).price if proved else Price(1.0, self.scale)
-        bound = lagrange_range_bound(self.minimum, self.ip, start,
+        bound = lagrange_range_bound(self.sweep.minimum, self.ip, start,
                                      lambda: self._late(deadline))
         return banded_bound(levels[levels >= self.floor], bound, target * (1 - GAP_TOLERANCE), _BAND_RANGES)
 
@@ -543,7 +470,3 @@ class PricedSolve:
                         peak_bytes=evaluate_indexed(ip, choice, ckpt)[1], method="priced", message="; ".join(notes),
                         bound=bound)
 
-
-def _seg_node(k: int, out: int | None) -> int:
-    """The outer sweep's node for segment k: its output node, or a fresh id when nothing leaves it."""
-    return out if out is not None else -(k + 2)

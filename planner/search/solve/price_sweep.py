@@ -1,0 +1,115 @@
+"""One price's exact minimum over every assignment of a decomposable problem (`columns.PricedSolve`'s sweep).
+
+Under a price (a per second, b per additive byte, c per recomputed byte; transient caps and label
+restrictions as masks), the priced sum separates: per block class a table of the cheapest block for every
+boundary (`planner.search.solve.block_dp`), per segment of m chained blocks its min-plus m-th power, and
+one variable-elimination sweep over the nodes outside blocks (`planner.search.solve.eliminate`). The
+argmins walk back to the minimiser: one choice per node and the checkpointed blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.search.solve.block_dp import BlockDP, BlockTable, Price, allowed
+from planner.search.solve.decompose import Decomposition
+from planner.search.solve.eliminate import eliminate
+from planner.search.solve.frontier import topological_order
+from planner.search.solve.indexed import IndexedProblem
+
+__all__ = ["PriceSweep"]
+
+
+class PriceSweep:
+    """The exact minimum of the priced sum and its minimiser, for one problem and its decomposition."""
+
+    def __init__(self, ip: IndexedProblem, dec: Decomposition) -> None:
+        self.ip, self.dec = ip, dec
+        self.dps = [BlockDP(c.shape) for c in dec.classes]
+        self._memo: dict = {}  # compiled eliminations of the outer sweep (see eliminate's memo)
+
+    def tables(self, price: Price) -> list[BlockTable]:
+        """Per block class, the cheapest block under `price` for every boundary."""
+        return [dp.table(price, self.ip.checkpointing) for dp in self.dps]
+
+    def minimum(self, price: Price) -> float:
+        """The least priced sum under `price` alone (what the bounds are built from), without the
+        minimiser's choices or its exact time and peak."""
+        return float(self.sweep(price, self.tables(price))[0].value)
+
+    def sweep(self, price: Price, tables: list[BlockTable]) -> tuple:
+        """The outer variable-elimination sweep under `price`, the blocks' tables given, and per segment
+        its min-plus powers with their argmins (to walk the blocks' boundaries back)."""
+        ip, dec = self.ip, self.dec
+        sizes: dict[int, int] = {}
+        unary: dict[int, np.ndarray] = {}
+        incoming: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for v in dec.outer_nodes:
+            w = price.a * ip.time[v] + price.b * (ip.state[v] + ip.saved[v]).astype(float)
+            sizes[v], unary[v], incoming[v] = ip.sizes[v], np.where(ip.transient[v] <= price.cap, w, np.inf), []
+            mask = allowed(ip.labels[v], price.only)
+            if mask is not None:
+                unary[v] = np.where(mask, unary[v], np.inf)
+        powers = []
+        for k, seg in enumerate(dec.segments):
+            cost = tables[seg.cls].cost
+            steps = [(cost, None)]
+            for _ in range(len(seg.blocks) - 1):  # min-plus powers, with the argmin of each join
+                both = steps[-1][0][:, :, None] + cost[None, :, :]
+                arg = np.argmin(both, axis=1)
+                steps.append((np.take_along_axis(both, arg[:, None, :], axis=1)[:, 0, :], arg))
+            powers.append(steps)
+            node = _seg_node(k, seg.out)
+            sizes[node] = cost.shape[1]
+            if seg.port is None:
+                unary[node], incoming[node] = steps[-1][0][0], []
+            else:
+                unary[node], incoming[node] = np.zeros(cost.shape[1]), [(seg.port, steps[-1][0])]
+        for e in ip.edges:
+            if ip.block_of[e.dst] < 0:
+                mat = price.a * e.cost
+                if e.transient is not None:
+                    mat = np.where(e.transient <= price.cap, mat, np.inf)
+                incoming[e.dst].append((e.src, mat))
+        ids = list(sizes)
+        pos = {v: i for i, v in enumerate(ids)}
+        order = topological_order(len(ids), [(pos[u], pos[v]) for v in ids for u, _ in incoming[v]])
+        if order is None:
+            raise RuntimeError("outer nodes form a cycle (internal error)")
+        sweep = eliminate([ids[i] for i in order], sizes, unary, incoming, memo=self._memo)
+        return sweep, powers
+
+
+    def minimiser(self, price: Price, tables: list[BlockTable]) -> tuple[list[int], list[int], list, float]:
+        """The minimiser under `price` (the blocks' `tables` given): one choice per node, the checkpointed
+        blocks (sorted), per block its (class, p, q, checkpointed) boundary, and the minimum."""
+        ip, dec = self.ip, self.dec
+        sweep, powers = self.sweep(price, tables)
+        picked = {v: int(x) for v, x in sweep.argmin({}).items()}
+        choice = [0] * ip.n
+        for v in dec.outer_nodes:
+            choice[v] = picked[v]
+        ckpt, boundary = [], []
+        for k, seg in enumerate(dec.segments):
+            start = 0 if seg.port is None else picked[seg.port]
+            walk = [picked[_seg_node(k, seg.out)]]
+            for _, arg in reversed(powers[k][1:]):
+                walk.append(int(arg[start, walk[-1]]))
+            walk.append(start)
+            walk = walk[::-1]  # walk[i] -> walk[i + 1] is block i's boundary
+            table, dp = tables[seg.cls], self.dps[seg.cls]
+            ps, qs = np.array(walk[:-1]), np.array(walk[1:])
+            flags = table.ckpt[ps, qs]
+            rows = table.choice(ps, qs, flags, dp.n)
+            for blk, row, p, q, flag in zip(seg.blocks, rows, ps, qs, flags):
+                for v, c in zip(ip.block_nodes[blk], row):
+                    choice[v] = int(c)
+                if flag:
+                    ckpt.append(blk)
+                boundary.append((seg.cls, int(p), int(q), bool(flag)))
+        return choice, sorted(ckpt), boundary, float(sweep.value)
+
+
+def _seg_node(k: int, out: int | None) -> int:
+    """The outer sweep's node for segment k: its output node, or a fresh id when nothing leaves it."""
+    return out if out is not None else -(k + 2)
