@@ -15,7 +15,7 @@ from cost_models.memory import (
     dropout_grad_before_mask,
     step_peak,
 )
-from cost_models.ops import DTYPE_BYTES, OpNode
+from cost_models.ops import OpNode
 from cost_models.strategies.base import param_key, tensor_key
 from cost_models.strategy import Strategy
 from planner.plans.format import (
@@ -35,6 +35,7 @@ from planner.plans.recompute import before_recomputation, recomputation_peaks
 from planner.plans.storage import storage_bases
 from planner.search.build import BuiltProblem, _out_layout
 from planner.search.solve import Solution
+from planner.search.tied import copy_bytes, tied_uses
 from planner.trace.graph import ModelGraph
 
 __all__ = ["assemble_plan", "solver_info"]
@@ -76,29 +77,14 @@ def _base_key(key: str, nbytes: int, bases: dict[str, str], graph: ModelGraph, b
 
 def _tied_copies(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -> dict[str, int]:
     """Bytes a linear whose weight an earlier op also uses (a tied head) saves beyond what its rule prices:
-    when its weight layout differs from that op's (the parameter's home), `planner.apply.layers.TiedLayer` converts the owner's parameter into
-    a copy, which the linear saves for its input gradient (it is no parameter), unless the linear gathers
-    the weight in forward (then it saves the gathered weight, which its rule prices). Measured: 16,384 B
-    on a 1d HF GPT-2 tiny rank (the head's vocab-split (32, 128) copy of the hidden-split embedding)."""
+    its copy of the weight (`planner.search.tied`, the same bytes the solver's problem holds on an edge)."""
     out: dict[str, int] = {}
-    owner_of: dict[str, str] = {}
-    for op in graph.nodes:
-        for p in op.params:
-            owner_of.setdefault(p.name, op.name)
-    for op in graph.nodes:
-        w = next((p for p in op.params if p.role == "weight"), None)
-        if op.kind != "linear" or w is None or owner_of[w.name] == op.name:
-            continue
-        cost = built.costs[op.name][pick[op.name]]
-        if any(c.phase == "forward" and c.tag == "weight" for c in cost.collectives):
-            continue
-        home = owner_of[w.name]
-        hnode = graph.node(home)
-        index = next(i for i, p in enumerate(hnode.params) if p.name == w.name)
-        home_lay = dict(built.strategies[home][pick[home]].params).get(param_key(hnode, index))
-        lay = dict(built.strategies[op.name][pick[op.name]].params).get("weight")
-        if lay is not None and home_lay is not None and lay != home_lay:
-            out[op.name] = lay.local_numel(w.shape, built.mesh) * DTYPE_BYTES[w.dtype]
+    for use in tied_uses(graph):
+        home = graph.node(use.home)
+        n = copy_bytes(use, home, built.strategies[use.home][pick[use.home]], built.strategies[use.user][pick[use.user]],
+                       built.costs[use.user][pick[use.user]], built.mesh)
+        if n:
+            out[use.user] = out.get(use.user, 0) + n
     return out
 
 

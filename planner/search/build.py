@@ -8,7 +8,8 @@ Per mesh:
    group's choices, the strategy that needs no conversion (Alpa's "follow" merging). Everything else is
    its own decision.
 3. Price each choice of each decision (sum over its ops' `OpCost`s) and each edge between two decisions
-   (a matrix of redistribution costs over their choices).
+   (a matrix of redistribution costs over their choices; a tied weight's copy, a working set on an
+   edge from its owner's decision to its second user's).
 4. Map the captured repeated blocks onto decisions, with the bytes a checkpointed block keeps.
 
 The result is a `Problem` (plain numbers) plus a `BuiltProblem` that remembers which strategy every op
@@ -32,6 +33,7 @@ from cost_models.ops import OpNode
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import HEAVY_SCHEMES, OpCost, SavedTensor, Strategy
 from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode
+from planner.search.tied import copy_bytes, tied_uses
 from planner.trace.graph import ModelGraph
 
 __all__ = ["BuiltProblem", "Decision", "build_problem", "expand_schemes", "SchemeError", "SchemeUnavailable"]
@@ -420,6 +422,31 @@ def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerat
     return [ProblemEdge(u, v, c, r, w if w.any() else None) for (u, v), (c, r, w) in edge_mats.items()]
 
 
+def tied_edges(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, nodes: list[ProblemNode]
+               ) -> list[ProblemEdge]:
+    """Per tied weight used by a linear of another decision outside blocks: an edge from the owner's
+    decision to the linear's whose working set, per (owner choice, linear choice), is the linear's copy of
+    the weight (`planner.search.tied`) where it holds one, plus its decision's own working set: the two
+    meet in the linear's backward, on top of every saved activation (the plan's timeline holds no less
+    there). (Inside a block the copy is left to the plan's accounting, which `solve`'s loop checks.)"""
+    node_of = {n.name: n for n in nodes}
+    out = []
+    for use in tied_uses(graph):
+        du, dv = g.decisions[g.decision_of[use.home]], g.decisions[g.decision_of[use.user]]
+        if du is dv or du.block is not None or dv.block is not None:
+            continue
+        home = graph.node(use.home)
+        ku, kv = du.ops.index(use.home), dv.ops.index(use.user)
+        copy = np.array([[copy_bytes(use, home, en.strategies[use.home][i], en.strategies[use.user][j],
+                                     en.costs[use.user][j], mesh) for j in dv.members[kv]]
+                         for i in du.members[ku]], dtype=np.int64)
+        if copy.any():
+            own = np.array([c.transient_bytes for c in node_of[dv.name].choices], dtype=np.int64)
+            zero = np.zeros(copy.shape)
+            out.append(ProblemEdge(du.name, dv.name, zero, zero, np.where(copy > 0, copy + own[None, :], 0)))
+    return out
+
+
 def block_specs(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped) -> list[Block]:
     """The checkpointable blocks: their decisions, and per choice of the decision feeding the block the
     bytes of the input a checkpointed block keeps."""
@@ -458,6 +485,7 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
     g = group_decisions(graph, en)
     pnodes, same_decision = price_choices(en, g, bytes_per_param)
     pedges = price_edges(graph, mesh, hw, en, g, same_decision, input_mode)
+    pedges += tied_edges(graph, mesh, en, g, pnodes)
     problem = Problem(pnodes, pedges, block_specs(graph, mesh, en, g), int(budget_bytes), checkpointing=checkpointing,
                       uniform_groups=UNIFORM_GROUPS)
     return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,
