@@ -18,22 +18,12 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # hf_tiny; this checkout
 
-from hf_tiny import HF_TINY, build_hf_tiny  # noqa: E402
+from hf_tiny import bench_graph  # noqa: E402
 
 import planner.plans.meshes as meshes  # noqa: E402
-from planner import InfeasibleError, get_example, plan  # noqa: E402
-from planner.trace.tracer import capture  # noqa: E402
+from planner import InfeasibleError, plan  # noqa: E402
 
 HARDWARE = "a100-80gb"
-
-
-def _graph(name: str):
-    if name in HF_TINY:
-        model, inputs = build_hf_tiny(name)
-    else:
-        ex = get_example(name)
-        model, inputs = ex.model, ex.example_inputs
-    return capture(model, inputs, name=name)
 
 
 def main() -> None:
@@ -55,7 +45,7 @@ def main() -> None:
     print("|---|---:|---|---:|")
     total = rejected = 0
     for name in args.models.split(","):
-        graph = _graph(name)
+        graph = bench_graph(name)
         try:
             plan(graph, 1, world_size=args.ranks, hardware=HARDWARE, workers=1)
             continue  # fits at one byte: nothing to measure

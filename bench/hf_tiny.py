@@ -57,6 +57,19 @@ def build_hf_tiny(name: str, *, batch: int = 8, seq: int = 32, seed: int = 0,
     return model, {"input_ids": ids, "labels": ids.clone()}
 
 
+def bench_graph(name: str):
+    """The captured graph of a tiny HF config (`HF_TINY`) or of a built-in example, by name."""
+    from planner import get_example
+    from planner.trace.tracer import capture
+
+    if name in HF_TINY:
+        model, inputs = build_hf_tiny(name)
+    else:
+        ex = get_example(name)
+        model, inputs = ex.model, ex.example_inputs
+    return capture(model, inputs, name=name)
+
+
 def llama3_8b_meta(batch: int = 64, seq: int = 2048) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """LLaMA-3-8B's shape (32 layers, hidden 4096, 32 heads, 8 KV heads, FFN 14336, vocab 128256) in bf16
     on the meta device, with meta inputs of batch x seq."""

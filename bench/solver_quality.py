@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # hf_tiny; this checkout
 
-from hf_tiny import HF_TINY, build_hf_tiny, llama3_8b_meta  # noqa: E402
+from hf_tiny import HF_TINY, bench_graph, llama3_8b_meta  # noqa: E402
 
 from cost_models.hardware import load_profile  # noqa: E402
-from planner import InfeasibleError, get_example, plan  # noqa: E402
+from planner import InfeasibleError, plan  # noqa: E402
 from planner.search.build import build_problem  # noqa: E402
 from planner.search.solve import solve  # noqa: E402
 from planner.trace.tracer import capture  # noqa: E402
@@ -38,15 +38,6 @@ BUILTIN = ["mlp", "gpt-tiny", "hf-gpt2", "gpt2-small", "gpt2-xl", "gpt3-175b"]
 FACTORS = (1.0, 1.25, 1.5, 2.0, 4.0)
 HARDWARE = "a100-80gb"
 WORKERS = 1
-
-
-def _graph(name: str):
-    if name in HF_TINY:
-        model, inputs = build_hf_tiny(name)
-    else:
-        ex = get_example(name)
-        model, inputs = ex.model, ex.example_inputs
-    return capture(model, inputs, name=name)
 
 
 def _timed(fn, *args, **kwargs):
@@ -82,7 +73,7 @@ def quality(names: list[str], ranks: list[int], flat_cap: float) -> None:
     print("| model | ranks | budget | plan s wall / cpu | status | gap | auto objective | flat optimum (s) |")
     print("|---|---:|---:|---:|---|---:|---:|---:|")
     for name in names:
-        graph = _graph(name)
+        graph = bench_graph(name)
         for world in ranks:
             need, wall, cpu = _smallest(graph, world)
             print(f"| {name} | {world} | smallest {format_bytes(need) if need else '-'} | {wall:.1f} / {cpu:.1f} "

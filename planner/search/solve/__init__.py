@@ -126,8 +126,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     lift: Callable[[Solution], None] | None = None
     for _ in range(FIT_ROUNDS):
         if beaten is not None and beaten(proven):
-            return Solution(status="beaten", bound=proven, seconds=time.perf_counter() - start,
-                            message=f"stopped: its lower bound {proven:.6g} s is beaten by an answer found elsewhere")
+            return Solution.beaten_by_elsewhere(proven, time.perf_counter() - start)
         sol, lift = _solve_at(problem, budget - shrink, name, deadline, method, progress, beaten)
         if sol.status == "beaten":
             lift = None

@@ -230,9 +230,8 @@ class PricedSolve:
             sol.raise_bound(self._banded(sol.objective, deadline), GAP_TOLERANCE)
 
     def _beaten(self, start: float) -> Solution:
-        return Solution(status="beaten", seconds=time.perf_counter() - start, solver="dp", method="priced",
-                        bound=self.best_bound, message=f"stopped: its lower bound {self.best_bound:.6g} s is "
-                        "beaten by an answer found elsewhere")
+        return Solution.beaten_by_elsewhere(self.best_bound, time.perf_counter() - start, solver="dp",
+                                            method="priced")
 
     def _lift_bound(self, lo: float, hi: float, deadline: float, weights: tuple[float, ...]) -> None:
         """Raise the lower bound: golden-section searches over log(mu) of the bound of prices (1, mu, f·mu/M),

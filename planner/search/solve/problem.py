@@ -123,6 +123,13 @@ class Solution:
     message: str = ""
     bound: float = float("nan")  # a proven lower bound on the optimum (seconds); NaN when none is known
 
+    @classmethod
+    def beaten_by_elsewhere(cls, bound: float, seconds: float, **fields: str) -> Solution:
+        """Status "beaten": stopped without an answer once its lower bound `bound` showed that an answer
+        found elsewhere is faster (`solve`'s `beaten`)."""
+        return cls(status="beaten", seconds=seconds, bound=bound, **fields,
+                   message=f"stopped: its lower bound {bound:.6g} s is beaten by an answer found elsewhere")
+
     def raise_bound(self, bound: float, tolerance: float) -> None:
         """Take a (possibly) higher proven lower bound: the gap shrinks, and the answer is "optimal" once
         the gap is within `tolerance` (the note that it is not proven goes)."""
