@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode
+from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, SharedInput
 
 __all__ = ["random_problem", "repeated_blocks", "encoder_decoder", "all_fastest_peak"]
 
@@ -66,11 +66,14 @@ def random_problem(
 def repeated_blocks(
     rng: np.random.Generator, *, n_blocks: int = 4, block_nodes: int = 4, choices: int = 3,
     residual: bool = True, checkpointing: bool = True, budget_fraction: float = 0.55, mem: int = 1000,
+    shared: list[int] | None = None,
 ) -> Problem:
     """embed -> n_blocks identical blocks -> head. Every node has `choices` options; node costs and edge
     matrices are drawn once and repeated by position, so all blocks form one class. With `residual`, the
     block input also feeds the block's middle node and the middle node feeds the last (a DAG block like a
-    transformer layer). Budget: `budget_fraction` of the all-fastest assignment's peak."""
+    transformer layer). `shared`: bytes per choice of a node "table" that every block reads beside its
+    input (a `SharedInput`, like LLaMA's rotary tables). Budget: `budget_fraction` of the all-fastest
+    assignment's peak."""
     node_costs = [_choices(rng, choices, mem) for _ in range(block_nodes)]
     inner = [(i, i + 1, _matrix(rng, choices, choices)) for i in range(block_nodes - 1)]
     port = [(0, _matrix(rng, choices, choices))]
@@ -94,6 +97,10 @@ def repeated_blocks(
     nodes.append(ProblemNode("head", _choices(rng, choices, mem)))
     edges.append(ProblemEdge(prev, "head", _matrix(rng, choices, choices), np.zeros((choices, choices))))
     problem = Problem(nodes, edges, blocks, 0, checkpointing)
+    if shared is not None:
+        nodes.insert(1, ProblemNode("table", [Choice(float(t), 0.0, 0, 0, 0) for t in rng.uniform(0, 1, len(shared))]))
+        problem.nodes = nodes
+        problem.shared_inputs = [SharedInput("table", list(shared), [b.name for b in blocks])]
     problem.budget_bytes = int(budget_fraction * all_fastest_peak(problem))
     return problem
 

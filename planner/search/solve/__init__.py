@@ -26,14 +26,14 @@ from planner.search.solve.evaluate import evaluate, evaluate_indexed
 from planner.search.solve.flat_start import priced_starts
 from planner.search.solve.frontier import FrontierTooLarge
 from planner.search.solve.ilp import build_flat, flat_size
-from planner.search.solve.indexed import IndexedProblem, ProblemError, fold_fixed_edges
+from planner.search.solve.indexed import IndexedProblem, ProblemError, fold_fixed_edges, fold_shared_inputs
 from planner.search.solve.milp import Progress, SolverError, resolve_solver
-from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, Solution
+from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, SharedInput, Solution
 from planner.search.solve.two_level import TwoLevel
 
 __all__ = [
     "AUTO_FLAT_LIMIT", "FIT_ROUNDS", "METHODS", "PROGRESS_DELAY_S", "Block", "Choice", "FrontierTooLarge", "NotDecomposable",
-    "Problem", "ProblemEdge", "ProblemError", "ProblemNode", "Solution", "SolverError", "brute_force", "evaluate",
+    "Problem", "ProblemEdge", "ProblemError", "ProblemNode", "SharedInput", "Solution", "SolverError", "brute_force", "evaluate",
     "solve",
 ]
 
@@ -189,7 +189,9 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
     ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
     ip.time, ip.recompute, ip.transient, ip.edges = (list(exact.time), list(exact.recompute),
                                                       list(exact.transient), list(exact.edges))
+    ip.saved, ip.shared = list(exact.saved), list(exact.shared)
     fold_fixed_edges(ip)
+    fold_shared_inputs(ip)
     chosen, dec = _pick_method(ip) if method == "auto" else (method, None)
     with Progress(progress, f"planner: {chosen.replace('_', '-')} solve of {ip.n} nodes", PROGRESS_DELAY_S):
         sol, lift = None, None

@@ -43,6 +43,7 @@ def evaluate_indexed(
         members = ip.block_nodes[b]
         recomputed = max(recomputed, sum(int(ip.saved[v][choice[v]]) for v in members)
                          + max(work[v] for v in members))
+    kept += ip.shared_bytes(choice, ckpt)
     max_transient = max((int(ip.transient[v][c]) for v, c in enumerate(choice)), default=0)
     transient = max(max_transient, conversion, recomputed)
     peak = state + saved + kept + transient
@@ -71,7 +72,8 @@ def evaluate(
 
     Implements the module docstring of `planner.search.solve.problem` term by term. The breakdown holds the
     totals: `node_s`, `edge_s`, `recompute_s` (their sum is the time), `state_bytes`, `saved_bytes`
-    (activations of non-checkpointed nodes), `kept_input_bytes` (inputs kept by checkpointed blocks) and
+    (activations of non-checkpointed nodes), `kept_input_bytes` (inputs kept by checkpointed blocks, shared
+    inputs among them) and
     `transient_bytes` (the max term: the larger of `max_op_transient_bytes` and `recomputed_bytes`).
     Raises ProblemError when a node has no choice or an out-of-range one, or a block is unknown.
     """
@@ -157,5 +159,6 @@ class FastEvaluator:
             kept += int(ip.input_bytes[b][0 if src is None else c[src]])
             m = self.members[b]
             recomputed = max(recomputed, int(node_saved[m].sum()) + int(work[m].max()))
+        kept += ip.shared_bytes(c, ckpt) if ip.shared else 0
         transient = max(int(own.max()) if self.n else 0, conversion, recomputed)
         return node_s + edge_s + recompute_s, state + saved + kept + transient

@@ -12,6 +12,8 @@ Formulation (memory in units of `IndexedProblem.memory_unit()` bytes, time scale
   v's saved bytes (-saved·y), adds its recompute time, keeps the input node's input_bytes, and gives the
   recompute term T >= sum_{v in b} saved_v·y_v. Edges into or inside b pay their recompute matrix on pair
   variables built from the two and-vectors in the same way as plain edges.
+* A shared input gets a binary k >= c_b for each block b that reads it, and adds its bytes on the
+  and-vector of its node's one-hot and k.
 * T >= sum_p transient_v[p]·s_v[p] for every node, T >= sum_{p,q} transient_e[p, q]·e[p, q] for every edge
   whose conversions need memory (pair variables as above); memory = state + saved - dropped + kept + T <= budget.
 """
@@ -106,6 +108,17 @@ class IlpBuilder:
             self.model.add_row([y[p], ind[p]], [1.0, -1.0], hi=0.0)
         self.model.add_row(np.concatenate([y, [flag]]), np.concatenate([np.ones(len(y)), [-1.0]]), 0.0, 0.0)
         return y
+
+    def kept_while(self, ind: np.ndarray, nbytes: np.ndarray, any_of: list[LinExpr]) -> None:
+        """memory += nbytes[p]·ind[p]·y, y a binary at least each expression of `any_of` (a block's checkpoint
+        flag, or the share of a segment's blocks checkpointed): a shared input, kept while any is."""
+        if not any_of or not np.any(nbytes):
+            return
+        y = int(self.model.add_vars(1, integer=True)[0])
+        for expr in any_of:
+            idx, val = expr.arrays()
+            self.model.add_row(np.concatenate([[y], idx]), np.concatenate([[1.0], -val]), lo=expr.const)
+        self.memory.add(self.and_vector(ind, y), nbytes.astype(float))
 
     def pair_cost(self, ind_u: np.ndarray, ind_v: np.ndarray, mat: np.ndarray, into: LinExpr) -> None:
         """Add sum_{p,q} mat[p, q]·ind_u[p]·ind_v[q] to `into`; both vectors have the same sum (1 or c)."""
@@ -242,6 +255,13 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
             for e in ip.edges:
                 if ip.block_of[e.dst] == blk:
                     b.pair_cost(land(e.src), land(e.dst), e.recompute, b.time)
+        for v, nbytes, blocks in ip.shared:
+            flag_exprs = []
+            for blk in blocks:
+                expr = LinExpr()
+                expr.add(np.array([flags[blk]]), 1.0)
+                flag_exprs.append(expr)
+            b.kept_while(s[v], nbytes, flag_exprs)
     model = b.finish(mode, budget)
 
     def extract(x: np.ndarray) -> tuple[list[int], list[int]]:

@@ -9,6 +9,7 @@ between the same pair of nodes are merged (their matrices summed): the formulas 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from cost_models.errors import PlannerError
 from planner.search.solve.problem import Problem
 
-__all__ = ["ProblemError", "IndexedEdge", "IndexedProblem", "fold_fixed_edges"]
+__all__ = ["ProblemError", "IndexedEdge", "IndexedProblem", "fold_fixed_edges", "fold_shared_inputs"]
 
 
 class ProblemError(PlannerError, ValueError):
@@ -53,6 +54,8 @@ class IndexedProblem:
     `transient[v]` indexed by choice. Per block b: `block_nodes[b]` (node indices in the block's order),
     `block_input[b]` (the input node's index or None) and `input_bytes[b]` (indexed by the input node's
     choice; one entry, choice 0, when the block has no input node). `block_of[v]` is v's block or -1.
+    Per shared input k (`Problem.shared_inputs`): `shared[k]` = (its node's index, bytes per that node's
+    choice, the indices of the blocks that keep it when checkpointed).
     """
 
     def __init__(self, problem: Problem, budget: int | None = None) -> None:
@@ -76,6 +79,7 @@ class IndexedProblem:
             self.labels.append(None if node.labels is None else np.array(node.labels, dtype=object))
         self._read_edges()
         self._read_blocks()
+        self._read_shared()
 
     @property
     def n(self) -> int:
@@ -182,6 +186,24 @@ class IndexedProblem:
                     + "; make ProblemNode.block agree with Block.nodes"
                 )
 
+    def _read_shared(self) -> None:
+        self.shared: list[tuple[int, np.ndarray, np.ndarray]] = []
+        for k in self.problem.shared_inputs:
+            v = self._node(k.node, f"shared input {k.node!r}")
+            nbytes = _bytes_array(list(k.nbytes), f"shared input {k.node!r} nbytes")
+            if len(nbytes) != self.sizes[v]:
+                raise ProblemError(f"shared input {k.node!r} nbytes has {len(nbytes)} entries; expected "
+                                   f"{self.sizes[v]} (one per choice of node {k.node!r})")
+            if not k.blocks:
+                raise ProblemError(f"shared input {k.node!r} names no blocks; list the blocks that read it")
+            blocks = np.array(sorted({self.block_index(b) for b in k.blocks}), dtype=np.int64)
+            self.shared.append((v, nbytes, blocks))
+
+    def shared_bytes(self, choice: Sequence[int], checkpointed: Iterable[int]) -> int:
+        """The shared inputs kept by the checkpointed blocks `checkpointed` (problem.py's formula)."""
+        ckpt = set(checkpointed)
+        return sum(int(nbytes[choice[v]]) for v, nbytes, blocks in self.shared if ckpt.intersection(blocks.tolist()))
+
     def block_index(self, name: str) -> int:
         """The index of the block called `name` (ProblemError if unknown)."""
         try:
@@ -199,6 +221,7 @@ class IndexedProblem:
         """An upper bound on the bytes of any memory term (for choosing the ILP's memory unit)."""
         per_node = [int(s.max() + v.max() + t.max()) for s, v, t in zip(self.state, self.saved, self.transient)]
         total = sum(per_node) + sum(int(b.max()) for b in self.input_bytes)
+        total += sum(int(nbytes.max()) for _, nbytes, _ in self.shared)
         total += max((int(e.transient.max()) for e in self.edges if e.transient is not None), default=0)
         return max(total, self.budget, 1)
 
@@ -239,3 +262,44 @@ def fold_fixed_edges(ip: IndexedProblem) -> int:
     folded = len(ip.edges) - len(kept)
     ip.edges = kept
     return folded
+
+
+def fold_shared_inputs(ip: IndexedProblem) -> int:
+    """Where no assignment without a checkpointed block fits the budget, every answer keeps the shared
+    inputs that all blocks read (problem.py): charge those to their (outer) nodes' saved bytes and drop
+    them from `ip.shared`. The answers that fit and their peaks stay the same, and the priced search, whose
+    per-block prices cannot see a term shared by blocks, then sees them too (its bounds stay valid and
+    tighten). The proof is a lower bound of the least peak with nothing checkpointed above the budget: each
+    node's least state and saved bytes, plus `_least_max_term`. Changes `ip` in place: call
+    it on the solver's own view, with `saved` and `shared` copied. Returns how many it folded."""
+    if not ip.shared or not ip.checkpointing or ip.budget <= 0:
+        return 0
+    every = np.arange(len(ip.block_nodes))
+    folding = [k for k, (v, _, blocks) in enumerate(ip.shared)
+               if ip.block_of[v] < 0 and np.array_equal(blocks, every)]
+    if not folding:
+        return 0
+    least = sum(int((state + saved).min()) for state, saved in zip(ip.state, ip.saved))
+    if least + _least_max_term(ip) <= ip.budget:
+        return 0
+    for k in folding:
+        v, nbytes, _ = ip.shared[k]
+        ip.saved[v] = ip.saved[v] + nbytes
+    ip.shared = [x for k, x in enumerate(ip.shared) if k not in folding]
+    return len(folding)
+
+
+def _least_max_term(ip: IndexedProblem) -> int:
+    """A lower bound of the max term of any assignment: per node, the least over its choices of the largest
+    working set that choice meets among its own and its edges' (each edge at its other end's best choice
+    for it), the largest over nodes. (HF LLaMA at its smallest budget: the logits' gather or the head's
+    working set, whichever the head's choice avoids, 1 MiB; each edge alone proves half of that.)"""
+    need = [t.astype(np.int64) for t in ip.transient]
+    for e in ip.edges:
+        if e.transient is None:
+            continue
+        with_src = np.maximum(e.transient, ip.transient[e.src][:, None])  # rows: src choice, cols: dst
+        need[e.dst] = np.maximum(need[e.dst], with_src.min(axis=0))
+        with_dst = np.maximum(e.transient, ip.transient[e.dst][None, :])
+        need[e.src] = np.maximum(need[e.src], with_dst.min(axis=1))
+    return max((int(n.min()) for n in need), default=0)

@@ -11,6 +11,9 @@ Memory model (per rank, bytes), for a choice of one option per node and a set C 
     peak = sum_v state[v]                                    (model states)
          + sum_{v not in a block of C} saved[v]               (saved activations)
          + sum_{b in C} input_bytes[b][choice of b.input_node] (a checkpointed block keeps its input)
+         + sum_{s: C meets s.blocks} s.nbytes[choice of s.node]  (tensors several blocks read beside
+                                                               their input, kept once while any of them
+                                                               is checkpointed: `SharedInput`)
          + max( max_v transient[v],                            (largest temporary buffer)
                 max_e transient[e][choice(src), choice(dst)],  (a layout conversion's working set)
                 max_{b in C} ( sum_{v in b} saved[v]           (a checkpointed block's recomputed
@@ -18,6 +21,10 @@ Memory model (per rank, bytes), for a choice of one option per node and a set C 
                                                                beside the working set of each of its ops)
     where work[v] = max(transient[v], transient[e] of the edges e into v): an upper bound of the plan's
     accounting, which adds to each op only the activations recomputed up to it.
+
+The shared-input term couples blocks; the flat and column ILPs, `evaluate` and brute force count it
+exactly, while the priced search's per-block prices leave it out (a relaxation: its lower bounds stay
+valid, and every priced answer is measured with the whole formula before it counts).
 
 Time (seconds of one training step):
 
@@ -32,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "Problem", "Solution", "NOT_PROVEN"]
+__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "Problem", "Solution", "NOT_PROVEN"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,18 @@ class Block:
 
 
 @dataclass
+class SharedInput:
+    """A tensor made outside the blocks that blocks read beside their input (HF LLaMA's rotary cos and sin
+    and its attention mask, T5's encoder output read by every decoder layer): node `node`'s output, of
+    nbytes[i] on a rank when that node takes choice i. A checkpointed block keeps what it reads, so the
+    tensor stays alive all step once any of `blocks` is checkpointed, and counts once however many are."""
+
+    node: str
+    nbytes: list[int]
+    blocks: list[str]
+
+
+@dataclass
 class Problem:
     nodes: list[ProblemNode]
     edges: list[ProblemEdge]
@@ -94,6 +113,7 @@ class Problem:
     checkpointing: bool = True
     # groups of labels (e.g. ("1d_col", "1d_row")) worth trying on every labelled node at once
     uniform_groups: list[tuple[str, ...]] = field(default_factory=list)
+    shared_inputs: list[SharedInput] = field(default_factory=list)
 
 
 NOT_PROVEN = "not proven optimal: the priced search's lower bound stays below it"  # a "feasible" answer's note

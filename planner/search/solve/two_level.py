@@ -14,7 +14,9 @@ segment of m chained blocks of one class, an integer count n_π in [0, m] per fr
   binary λ_L forced to 1 when any point with that value is used,
 * time adds sum n_π·time_s(π).
 
-* a valid cut T >= (sum n_π·max_bytes(π)) / m (the max is at least the mean) tightens the relaxation.
+* a valid cut T >= (sum n_π·max_bytes(π)) / m (the max is at least the mean) tightens the relaxation,
+* a shared input (problem.py) adds its bytes on a binary at least each reading segment's share of
+  checkpointed blocks.
 
 An Eulerian trail of the chosen arcs orders the points along the segment, so each block gets its own point
 (per-layer mixing is kept) and the result is exact: it equals the flat ILP's optimum. The outer ILP has no
@@ -262,6 +264,21 @@ class TwoLevel:
         for seg in dec.segments:
             counts.append(self._segment(b, seg.blocks, self.points[seg.cls], ind(seg.port),
                                         ind(seg.out) if seg.out is not None else None, levels))
+        for v, nbytes, blocks in ip.shared:
+            # kept while any of its segments has a checkpointed block (a segment only partly reading it
+            # counts as reading it: at most an over-count, never an answer over the budget)
+            shares = []
+            for seg, n in zip(dec.segments, counts):
+                if set(seg.blocks).intersection(blocks.tolist()):
+                    ck = [i for i, pt in enumerate(self.points[seg.cls]) if pt.ckpt]
+                    if ck:
+                        share = LinExpr()
+                        share.add(n[ck], 1.0 / len(seg.blocks))
+                        shares.append(share)
+            if v in s or v in ends:
+                b.kept_while(ind(v), nbytes, shares)
+            else:  # made inside a block: its largest size
+                b.kept_while(np.array([ONE]), nbytes.max(keepdims=True), shares)
         model = b.finish(mode, budget)
         points = self.points
 
