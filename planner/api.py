@@ -18,7 +18,7 @@ from cost_models.mesh import Mesh, MeshError, candidate_meshes, check_world_size
 from planner.apply.applicable import check_applicable
 from planner.plans.assemble import assemble_plan
 from planner.plans.format import INPUT_MODES, Plan
-from planner.plans.meshes import MeshResult, plan_mesh, plan_meshes
+from planner.plans.meshes import MeshResult, plan_mesh, plan_meshes, use_room
 from planner.search.build import BuiltProblem, SchemeError, build_problem, expand_schemes
 from planner.search.solve import Solution, SolverError
 from planner.trace.graph import ModelGraph
@@ -172,6 +172,9 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     for r in results:  # in mesh order: ties keep the first
         if r.plan is not None and (best is None or r.objective < best.objective - 1e-15):
             best = r
+    if best is not None:
+        best = use_room(best, budget_bytes, lambda m, room: plan_mesh(m, build, assemble, budget_bytes, solver=solver,
+                                                                     time_limit=time_limit, loosen=room))
     leasts = [r.least for r in results if r.least is not None]
     min_budget = min(leasts) if leasts else None
     errors = [f"mesh {r.mesh}: {r.error}" for r in results if r.error]

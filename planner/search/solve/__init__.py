@@ -159,6 +159,9 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     if shrink > 0 and sol.status in ("optimal", "feasible"):
         sol.message = "; ".join(m for m in (sol.message, f"budget tightened by {shrink} B for what the "
                                                            "answer takes beyond the solver's model") if m)
+    elif shrink < 0 and sol.status in ("optimal", "feasible"):
+        sol.message = "; ".join(m for m in (sol.message, f"solved with the budget loosened by {-shrink} B, what "
+                                                           "the solver's model counts beyond the plan's") if m)
     elif sol.status == "infeasible" and shrink > 0 and sol.choice and account is None:
         # a round tightened against solver tolerance found nothing: its least-memory assignment may fit
         least = copy.copy(sol)
