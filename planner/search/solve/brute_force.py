@@ -76,7 +76,7 @@ def brute_force(problem: Problem) -> Solution:
         mem = state + all_saved - sum((block_saved[b] for b in subset), np.zeros(len(grid), dtype=np.int64))
         mem = mem + sum((block_kept[b] for b in subset), np.zeros(len(grid), dtype=np.int64))
         for v, nbytes, blocks in ip.shared:  # kept once while any block reading it is checkpointed
-            if set(subset).intersection(blocks.tolist()):
+            if blocks.intersection(subset):
                 mem = mem + nbytes[grid[:, v]]
         top = transient
         for b in subset:

@@ -159,6 +159,6 @@ class FastEvaluator:
             kept += int(ip.input_bytes[b][0 if src is None else c[src]])
             m = self.members[b]
             recomputed = max(recomputed, int(node_saved[m].sum()) + int(work[m].max()))
-        kept += ip.shared_bytes(c, ckpt) if ip.shared else 0
+        kept += ip.shared_bytes(c, ckpt)
         transient = max(int(own.max()) if self.n else 0, conversion, recomputed)
         return node_s + edge_s + recompute_s, state + saved + kept + transient

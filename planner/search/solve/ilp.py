@@ -257,7 +257,7 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
                     b.pair_cost(land(e.src), land(e.dst), e.recompute, b.time)
         for v, nbytes, blocks in ip.shared:
             flag_exprs = []
-            for blk in blocks:
+            for blk in sorted(blocks):
                 expr = LinExpr()
                 expr.add(np.array([flags[blk]]), 1.0)
                 flag_exprs.append(expr)

@@ -55,7 +55,7 @@ class IndexedProblem:
     `block_input[b]` (the input node's index or None) and `input_bytes[b]` (indexed by the input node's
     choice; one entry, choice 0, when the block has no input node). `block_of[v]` is v's block or -1.
     Per shared input k (`Problem.shared_inputs`): `shared[k]` = (its node's index, bytes per that node's
-    choice, the indices of the blocks that keep it when checkpointed).
+    choice, the set of indices of the blocks that keep it when checkpointed).
     """
 
     def __init__(self, problem: Problem, budget: int | None = None) -> None:
@@ -187,7 +187,7 @@ class IndexedProblem:
                 )
 
     def _read_shared(self) -> None:
-        self.shared: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.shared: list[tuple[int, np.ndarray, frozenset[int]]] = []
         for k in self.problem.shared_inputs:
             v = self._node(k.node, f"shared input {k.node!r}")
             nbytes = _bytes_array(list(k.nbytes), f"shared input {k.node!r} nbytes")
@@ -196,13 +196,12 @@ class IndexedProblem:
                                    f"{self.sizes[v]} (one per choice of node {k.node!r})")
             if not k.blocks:
                 raise ProblemError(f"shared input {k.node!r} names no blocks; list the blocks that read it")
-            blocks = np.array(sorted({self.block_index(b) for b in k.blocks}), dtype=np.int64)
-            self.shared.append((v, nbytes, blocks))
+            self.shared.append((v, nbytes, frozenset(self.block_index(b) for b in k.blocks)))
 
     def shared_bytes(self, choice: Sequence[int], checkpointed: Iterable[int]) -> int:
         """The shared inputs kept by the checkpointed blocks `checkpointed` (problem.py's formula)."""
         ckpt = set(checkpointed)
-        return sum(int(nbytes[choice[v]]) for v, nbytes, blocks in self.shared if ckpt.intersection(blocks.tolist()))
+        return sum(int(nbytes[choice[v]]) for v, nbytes, blocks in self.shared if blocks & ckpt)
 
     def block_index(self, name: str) -> int:
         """The index of the block called `name` (ProblemError if unknown)."""
@@ -274,9 +273,8 @@ def fold_shared_inputs(ip: IndexedProblem) -> int:
     it on the solver's own view, with `saved` and `shared` copied. Returns how many it folded."""
     if not ip.shared or not ip.checkpointing or ip.budget <= 0:
         return 0
-    every = np.arange(len(ip.block_nodes))
-    folding = [k for k, (v, _, blocks) in enumerate(ip.shared)
-               if ip.block_of[v] < 0 and np.array_equal(blocks, every)]
+    every = frozenset(range(len(ip.block_nodes)))
+    folding = [k for k, (v, _, blocks) in enumerate(ip.shared) if ip.block_of[v] < 0 and blocks == every]
     if not folding:
         return 0
     least = sum(int((state + saved).min()) for state, saved in zip(ip.state, ip.saved))

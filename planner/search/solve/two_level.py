@@ -269,7 +269,7 @@ class TwoLevel:
             # counts as reading it: at most an over-count, never an answer over the budget)
             shares = []
             for seg, n in zip(dec.segments, counts):
-                if set(seg.blocks).intersection(blocks.tolist()):
+                if blocks.intersection(seg.blocks):
                     ck = [i for i, pt in enumerate(self.points[seg.cls]) if pt.ckpt]
                     if ck:
                         share = LinExpr()
