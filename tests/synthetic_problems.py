@@ -99,7 +99,6 @@ def repeated_blocks(
     problem = Problem(nodes, edges, blocks, 0, checkpointing)
     if shared is not None:
         nodes.insert(1, ProblemNode("table", [Choice(float(t), 0.0, 0, 0, 0) for t in rng.uniform(0, 1, len(shared))]))
-        problem.nodes = nodes
         problem.shared_inputs = [SharedInput("table", list(shared), [b.name for b in blocks])]
     problem.budget_bytes = int(budget_fraction * all_fastest_peak(problem))
     return problem
