@@ -63,15 +63,49 @@ def _module_path(node: fx.Node) -> str:
     return list(stack.values())[-1][0] if stack else ""
 
 
+@contextlib.contextmanager
+def _stack_traces(record: bool) -> Iterator[None]:
+    """Record (or not) each node's Python stack trace while exporting. Capture reads them only to say where
+    a failing op was written, and recording them is ~10 % of an HF model's export time, so export runs
+    without them and runs again with them only on that error path (torch versions without the switch
+    always record them)."""
+    config = torch.fx.config
+    if not hasattr(config, "do_not_emit_stack_traces"):
+        yield
+        return
+    old = config.do_not_emit_stack_traces
+    config.do_not_emit_stack_traces = not record
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = old
+
+
+def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], stack_traces: bool) -> Any:
+    try:
+        with _quiet(), _stack_traces(stack_traces):
+            return torch.export.export(model, tuple(args), dict(kwargs), strict=False)
+    except Exception as e:
+        raise PathFailure("export", where(e) or "torch.export.export", first_line(e)) from e
+
+
+def _source_line(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], node_name: str) -> str:
+    """Export again recording stack traces and return the model-code line that created node `node_name`."""
+    try:
+        program = _export(model, args, kwargs, stack_traces=True)
+    except PathFailure:
+        return ""
+    for n in program.graph_module.graph.nodes:
+        if n.name == node_name:
+            return where_in_stack(n.meta.get("stack_trace"))
+    return ""
+
+
 def capture_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                    ) -> tuple[OpBuilder, fx.GraphModule, Any]:
     """Export `model` and build its ops; returns (ops, the exported graph module, the ExportedProgram).
     Raises PathFailure when export fails."""
-    try:
-        with _quiet():
-            ep = torch.export.export(model, tuple(args), dict(kwargs), strict=False)
-    except Exception as e:
-        raise PathFailure("export", where(e) or "torch.export.export", first_line(e)) from e
+    ep = _export(model, args, kwargs, stack_traces=False)
     gm = ep.graph_module
     sig = ep.graph_signature
     params = sig.inputs_to_parameters
@@ -89,7 +123,7 @@ def capture_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
         try:
             _add(b, node, sig, canonical)
         except SymbolicShapeError as e:
-            src = where_in_stack(node.meta.get("stack_trace"))
+            src = where_in_stack(node.meta.get("stack_trace")) or _source_line(model, args, kwargs, node.name)
             raise PathFailure("export", describe_node(node) + (f", {src}" if src else ""), str(e)) from e
     return b, gm, ep
 
