@@ -14,7 +14,17 @@ for path in (TESTS, ROOT):
         sys.path.insert(0, path)
 
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
+
+# Test worker processes for `-n auto` (pytest-xdist): one per core, at most 4, since a distributed test
+# forks 8 ranks of its own and a worker each could oversubscribe a small machine many times over.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
 
 @pytest.fixture
