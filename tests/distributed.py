@@ -10,6 +10,7 @@ the test instead of hanging CI.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import io
 import os
@@ -134,8 +135,15 @@ _ATTEMPTS = 3
 
 def _run_once(fn: Callable[..., Any], world_size: int, timeout_s: float, args: tuple, grace_s: float,
               tmp: str) -> list[Any]:
-    ctx = mp.start_processes(_child, args=(fn, world_size, _free_port(), tmp, timeout_s, args),
-                             nprocs=world_size, join=False, start_method="fork")
+    # The ranks inherit this process's heap (pytest's, with every traced model and plan of the session):
+    # frozen, the ranks' garbage collections skip it (measuring memory calls gc.collect(), which took ~1 s
+    # per call per rank over that heap) and do not touch, and so copy, its pages.
+    gc.freeze()
+    try:
+        ctx = mp.start_processes(_child, args=(fn, world_size, _free_port(), tmp, timeout_s, args),
+                                 nprocs=world_size, join=False, start_method="fork")
+    finally:
+        gc.unfreeze()
     procs = ctx.processes
     deadline = time.monotonic() + timeout_s
     failed_at = None
