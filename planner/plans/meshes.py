@@ -21,6 +21,7 @@ stopped in its first round instead of solved three times).
 from __future__ import annotations
 
 import copy
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -259,7 +260,14 @@ def _start(ctx, job: Job, mesh: Mesh, incumbent: Incumbent) -> tuple[mp.Process,
             send.send_bytes(pickle.dumps(("raise", (RuntimeError(f"{type(error).__name__}: {error} ({e})"), frames))))
 
     proc = ctx.Process(target=child, daemon=True)
-    proc.start()
+    # The worker inherits this process's heap (the traced graph, the user's model): frozen, the worker's
+    # garbage collections skip it and do not touch, and so copy, its pages (LLaMA-3-8B on 64 ranks at
+    # 20 GiB, two workers: plan 2.6-2.9 -> 2.2-2.4 s wall).
+    gc.freeze()
+    try:
+        proc.start()
+    finally:
+        gc.unfreeze()
     send.close()
     return proc, recv
 
