@@ -123,6 +123,8 @@ def init_shard(name: str, shape: Sequence[int], dims: Sequence[Axes], mesh: Mesh
     """Allocate this rank's block (of the given local `shape`) of a parameter placed by `dims` and fill it
     with `init_fn(init_name or name, block, shard_generator(...))`, without the dense tensor."""
     local = torch.empty(tuple(shape), dtype=dtype, device=device)
+    if local.is_meta:  # no values to fill (a plan checked on meta); on meta, normal_ runs torch's Python refs
+        return local
     block = tuple(block_index(axes, mesh, rank) for axes in dims)
     (init_fn or default_init)(init_name or name, local, shard_generator(generator, name, block, local.device))
     return local
