@@ -24,7 +24,10 @@ MAX_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+    """The cores this process may run on (its affinity, which a container's cpuset limits; the machine's
+    count elsewhere), at most MAX_WORKERS."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cores))
 
 
 @pytest.fixture
