@@ -32,7 +32,7 @@ from planner.trace.graph import BlockInfo
 from planner.trace.opaque import call_opaque_attrs
 
 __all__ = ["OpBuilder", "PathFailure", "tensor_meta", "dtype_name", "TORCH_DTYPES", "torch_dtype", "canonical_names", "find_blocks",
-           "assign_blocks", "where", "where_in_stack", "first_line", "describe_node", "SymbolicShapeError"]
+           "assign_blocks", "where", "where_in_stack", "source_line", "first_line", "describe_node", "SymbolicShapeError"]
 
 # Ops that, applied to a parameter alone, give a view or cast of it rather than an activation.
 _PARAM_VIEW_OPS = {"t", "transpose", "permute", "T", "mT", "to", "_to_copy", "contiguous", "float", "half",
@@ -335,6 +335,15 @@ def where_in_stack(stack_trace: str | None) -> str:
         return ""
     m = frames[-1]
     return f"{m['file']}:{m['line']} in {m['func']}: {m['code'].strip()}"
+
+
+def source_line(graph: fx.Graph, node_name: str) -> str:
+    """The innermost model-code line of node `node_name`'s recorded stack trace in `graph` ("" if none):
+    the capture paths trace again with stack traces to name where a failing op was written."""
+    for n in graph.nodes:
+        if n.name == node_name:
+            return where_in_stack(n.stack_trace)
+    return ""
 
 
 def describe_node(node: fx.Node) -> str:

@@ -29,6 +29,7 @@ from planner.trace.common import (
     canonical_names,
     describe_node,
     first_line,
+    source_line,
     where,
     where_in_stack,
 )
@@ -92,13 +93,9 @@ def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], sta
 def _source_line(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], node_name: str) -> str:
     """Export again recording stack traces and return the model-code line that created node `node_name`."""
     try:
-        program = _export(model, args, kwargs, stack_traces=True)
+        return source_line(_export(model, args, kwargs, stack_traces=True).graph_module.graph, node_name)
     except PathFailure:
         return ""
-    for n in program.graph_module.graph.nodes:
-        if n.name == node_name:
-            return where_in_stack(n.meta.get("stack_trace"))
-    return ""
 
 
 def capture_export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -32,8 +32,8 @@ from planner.trace.common import (
     describe_node,
     dtype_name,
     first_line,
+    source_line,
     where,
-    where_in_stack,
 )
 from planner.trace.opaque import module_opaque_attrs
 from planner.trace.patterns import fuse_rms_norm
@@ -151,12 +151,7 @@ class _NodeFailure(Exception):
 
 def _source_line(model: nn.Module, concrete: dict[str, Any], node_name: str) -> str:
     """Trace again recording stack traces and return the source line that created node `node_name`."""
-    tracer = PlannerTracer(stack_traces=True)
-    graph = tracer.trace(model, concrete_args=concrete or None)
-    for n in graph.nodes:
-        if n.name == node_name:
-            return where_in_stack(n.stack_trace)
-    return ""
+    return source_line(PlannerTracer(stack_traces=True).trace(model, concrete_args=concrete or None), node_name)
 
 
 def _trace(model: nn.Module, concrete: dict[str, Any]) -> fx.GraphModule:
