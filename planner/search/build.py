@@ -423,14 +423,11 @@ def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerat
     return [ProblemEdge(u, v, c, r, w if w.any() else None) for (u, v), (c, r, w) in edge_mats.items()]
 
 
-def tied_edges(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, nodes: list[ProblemNode]
-               ) -> list[ProblemEdge]:
+def tied_edges(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped) -> list[ProblemEdge]:
     """Per tied weight used by a linear of another decision outside blocks: an edge from the owner's
-    decision to the linear's whose working set, per (owner choice, linear choice), is the linear's copy of
-    the weight (`planner.search.tied`) where it holds one, plus its decision's own working set: the two
-    meet in the linear's backward, on top of every saved activation (the plan's timeline holds no less
-    there). (Inside a block the copy is left to the plan's accounting, which `solve`'s loop checks.)"""
-    node_of = {n.name: n for n in nodes}
+    decision to the linear's whose saved bytes, per (owner choice, linear choice), are the linear's copy of
+    the weight where it holds one (`planner.search.tied`): saved for its backward, as the plan counts it.
+    (Inside a block the copy is left to the plan's accounting, which `solve`'s loop checks.)"""
     out = []
     for use in tied_uses(graph):
         du, dv = g.decisions[g.decision_of[use.home]], g.decisions[g.decision_of[use.user]]
@@ -442,9 +439,8 @@ def tied_edges(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, nodes:
                                      en.costs[use.user][j], mesh) for j in dv.members[kv]]
                          for i in du.members[ku]], dtype=np.int64)
         if copy.any():
-            own = np.array([c.transient_bytes for c in node_of[dv.name].choices], dtype=np.int64)
             zero = np.zeros(copy.shape)
-            out.append(ProblemEdge(du.name, dv.name, zero, zero, np.where(copy > 0, copy + own[None, :], 0)))
+            out.append(ProblemEdge(du.name, dv.name, zero, zero, saved_bytes=copy))
     return out
 
 
@@ -502,7 +498,7 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
     g = group_decisions(graph, en)
     pnodes, same_decision = price_choices(en, g, bytes_per_param)
     pedges = price_edges(graph, mesh, hw, en, g, same_decision, input_mode)
-    pedges += tied_edges(graph, mesh, en, g, pnodes)
+    pedges += tied_edges(graph, mesh, en, g)
     blocks, shared = block_specs(graph, mesh, en, g)
     problem = Problem(pnodes, pedges, blocks, int(budget_bytes), checkpointing=checkpointing,
                       uniform_groups=UNIFORM_GROUPS, shared_inputs=shared)

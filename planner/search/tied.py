@@ -5,11 +5,13 @@ copy of that parameter in its own layout whenever its layout of the weight diffe
 (`planner.apply.layers.TiedLayer` converts the owner's parameter), and saves the copy for its input
 gradient: it is no parameter. A linear that gathers its weight in forward saves the gathered weight,
 which its own rule prices, so it holds no copy. The copy depends on both ops' strategies. The plan adds
-it to the user's saved activations (alive from the user's forward to its backward); the problem carries
-it as a working set on an edge from the owner's decision to the user's, the copy beside the user's own
-working set on top of every saved activation, which is when the plan's timeline holds it (the head's
-backward; a peak later in the backward, in a block's recomputation, is past it). Measured: 16,384 B on a
-1d HF GPT-2 tiny rank (the head's vocab-split (32, 128) copy of the hidden-split embedding).
+it to the user's saved activations (alive from the user's forward to its backward), and the problem
+carries the same bytes as saved bytes on an edge from the owner's decision to the user's
+(`ProblemEdge.saved_bytes`): the solver counts what the plan's bound, which the budget is checked
+against, counts. (It once carried them as a working set beside the user's own, which is when the plan's
+timeline holds them; every answer with a copy then came back over the budget by the bound and was
+solved again under a tighter one.) Measured: 16,384 B on a 1d HF GPT-2 tiny rank (the head's vocab-split
+(32, 128) copy of the hidden-split embedding).
 """
 
 from __future__ import annotations

@@ -49,6 +49,8 @@ def brute_force(problem: Problem) -> Solution:
     base_time = sum(node_t, np.zeros(len(grid))) + sum(edge_t, np.zeros(len(grid)))
     state = sum((ip.state[v][grid[:, v]] for v in range(ip.n)), np.zeros(len(grid), dtype=np.int64))
     all_saved = sum(saved, np.zeros(len(grid), dtype=np.int64))
+    all_saved += sum((e.saved[grid[:, e.src], grid[:, e.dst]] for e in ip.edges if e.saved is not None),
+                     np.zeros(len(grid), dtype=np.int64))
     work = [ip.transient[v][grid[:, v]] for v in range(ip.n)]  # per node: its or a conversion's into it
     for e in ip.edges:  # conversion working sets
         if e.transient is not None:

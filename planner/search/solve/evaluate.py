@@ -27,7 +27,7 @@ def evaluate_indexed(
     recompute_s = sum(float(ip.recompute[v][c]) for v, c in enumerate(choice) if in_ckpt[v])
     recompute_s += sum(float(e.recompute[choice[e.src], choice[e.dst]]) for e in ip.edges if in_ckpt[e.dst])
     state = sum(int(ip.state[v][c]) for v, c in enumerate(choice))
-    saved = sum(int(ip.saved[v][c]) for v, c in enumerate(choice) if not in_ckpt[v])
+    saved = sum(int(ip.saved[v][c]) for v, c in enumerate(choice) if not in_ckpt[v]) + ip.edge_saved(choice)
     kept = 0
     recomputed = 0
     work = [int(ip.transient[v][c]) for v, c in enumerate(choice)]  # per node: its or a conversion's into it
@@ -125,6 +125,11 @@ class FastEvaluator:
             if worked else np.zeros(0, dtype=np.int64)
         self.work_offset = np.asarray(np.cumsum([0] + [edges[k].transient.size for k in worked])[:-1], dtype=np.int64)
         self.members = [np.asarray(m, dtype=np.int64) for m in ip.block_nodes]
+        keeping = [k for k, e in enumerate(edges) if e.saved is not None]
+        self.keeping = np.array(keeping, dtype=np.int64)
+        self.edge_saved = np.concatenate([edges[k].saved.ravel().astype(np.int64) for k in keeping]) \
+            if keeping else np.zeros(0, dtype=np.int64)
+        self.saved_offset = np.asarray(np.cumsum([0] + [edges[k].saved.size for k in keeping])[:-1], dtype=np.int64)
 
     @staticmethod
     def _sum(values: np.ndarray) -> float:
@@ -144,6 +149,9 @@ class FastEvaluator:
         recompute_s += self._sum(self.edge_recompute[pair][in_ckpt[self.dst]])
         state = int(self.state[at].sum())
         saved = int(self.saved[at][~in_ckpt].sum())
+        if len(self.keeping):
+            k = self.keeping
+            saved += int(self.edge_saved[self.saved_offset + c[self.src[k]] * self.cols[k] + c[self.dst[k]]].sum())
         own = self.transient[at]
         work = own.copy()
         conversion = 0

@@ -80,7 +80,7 @@ class _Pricer:
                 unary[src] = unary[src] + mu * ip.input_bytes[b].astype(float)
         incoming: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in range(ip.n)}
         for e in ip.edges:
-            mat = e.cost + (e.recompute if in_ckpt[e.dst] else 0.0)
+            mat = e.cost + (e.recompute if in_ckpt[e.dst] else 0.0) + (0.0 if e.saved is None else mu * e.saved)
             if e.transient is not None:
                 mat = np.where(e.transient <= cap, mat, np.inf)
             incoming[e.dst].append((e.src, mat))

@@ -216,6 +216,8 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
     for e in ip.edges:
         b.pair_cost(s[e.src], s[e.dst], e.cost, b.time)
         b.pair_top(s[e.src], s[e.dst], e.transient)
+        if e.saved is not None:
+            b.pair_cost(s[e.src], s[e.dst], e.saved.astype(float), b.memory)
     flags: list[int] = []
     if ip.checkpointing:
         for blk, members in enumerate(ip.block_nodes):

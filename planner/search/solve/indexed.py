@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.errors import PlannerError
-from planner.search.solve.problem import Problem
+from planner.search.solve.problem import Problem, ProblemEdge
 
 __all__ = ["ProblemError", "IndexedEdge", "IndexedProblem", "fold_fixed_edges", "fold_shared_inputs"]
 
@@ -33,6 +33,7 @@ class IndexedEdge:
     cost: np.ndarray
     recompute: np.ndarray
     transient: np.ndarray | None = None  # int64 working-set bytes per choice pair (None: all zero)
+    saved: np.ndarray | None = None  # int64 bytes dst saves per choice pair (None: all zero; dst in no block)
 
 
 def _finite(values: np.ndarray, what: str) -> None:
@@ -127,20 +128,27 @@ class IndexedProblem:
                         f"(choices of {e.src} x choices of {e.dst})"
                     )
                 _finite(mat, f"edge {e.src}->{e.dst} {what}")
-            work = None
-            if e.transient_bytes is not None:
-                work = np.asarray(e.transient_bytes)
-                if work.shape != shape:
-                    raise ProblemError(f"edge {e.src}->{e.dst} transient_bytes has shape {work.shape}; expected {shape}")
-                work = _bytes_array(work, f"edge {e.src}->{e.dst} transient_bytes")
-                work = work if work.any() else None
-            if (src, dst) in merged:  # times add up; working sets do not coexist: the larger counts
+            work, kept = (self._edge_bytes(e, given, what, shape)
+                          for given, what in ((e.transient_bytes, "transient_bytes"), (e.saved_bytes, "saved_bytes")))
+            if (src, dst) in merged:  # times and saved bytes add up; working sets do not coexist: the larger counts
                 m = merged[(src, dst)]
                 m[0], m[1] = m[0] + cost, m[1] + rec
                 m[2] = work if m[2] is None else (m[2] if work is None else np.maximum(m[2], work))
+                m[3] = kept if m[3] is None else (m[3] if kept is None else m[3] + kept)
             else:
-                merged[(src, dst)] = [cost, rec, work]
-        self.edges: list[IndexedEdge] = [IndexedEdge(s, d, m[0], m[1], m[2]) for (s, d), m in merged.items()]
+                merged[(src, dst)] = [cost, rec, work, kept]
+        self.edges: list[IndexedEdge] = [IndexedEdge(s, d, *m) for (s, d), m in merged.items()]
+
+    @staticmethod
+    def _edge_bytes(e: ProblemEdge, given: np.ndarray | None, what: str, shape: tuple[int, int]) -> np.ndarray | None:
+        """An edge's bytes matrix (transient or saved) checked against its shape; None when all zero."""
+        if given is None:
+            return None
+        arr = np.asarray(given)
+        if arr.shape != shape:
+            raise ProblemError(f"edge {e.src}->{e.dst} {what} has shape {arr.shape}; expected {shape}")
+        arr = _bytes_array(arr, f"edge {e.src}->{e.dst} {what}")
+        return arr if arr.any() else None
 
     def _read_blocks(self) -> None:
         self.block_names: list[str] = []
@@ -177,6 +185,12 @@ class IndexedProblem:
             self.block_nodes.append(members)
             self.block_input.append(src)
             self.input_bytes.append(_bytes_array(given, f"block {block.name!r} input_bytes"))
+        for e in self.edges:
+            if e.saved is not None and self.block_of[e.dst] >= 0:
+                raise ProblemError(
+                    f"edge {self.names[e.src]}->{self.names[e.dst]} has saved_bytes but {self.names[e.dst]!r} is in "
+                    f"block {self.block_names[self.block_of[e.dst]]!r}; only edges into nodes outside every block "
+                    "may save bytes (put them in the node's own saved bytes)")
         for v, node in enumerate(self.problem.nodes):
             owner = self.block_names[self.block_of[v]] if self.block_of[v] >= 0 else None
             if node.block is not None and node.block != owner:
@@ -222,7 +236,12 @@ class IndexedProblem:
         total = sum(per_node) + sum(int(b.max()) for b in self.input_bytes)
         total += sum(int(nbytes.max()) for _, nbytes, _ in self.shared)
         total += max((int(e.transient.max()) for e in self.edges if e.transient is not None), default=0)
+        total += sum(int(e.saved.max()) for e in self.edges if e.saved is not None)
         return max(total, self.budget, 1)
+
+    def edge_saved(self, choice: Sequence[int]) -> int:
+        """The bytes the edges' destinations save for these choices (`ProblemEdge.saved_bytes`)."""
+        return sum(int(e.saved[choice[e.src], choice[e.dst]]) for e in self.edges if e.saved is not None)
 
     def memory_unit(self) -> int:
         """A power of two such that memory terms in that unit stay below 2^24: well scaled next to the 0/1
@@ -241,23 +260,27 @@ def fold_fixed_edges(ip: IndexedProblem) -> int:
     way when both ends share a block (or it has no recompute or working set). Time and peak of every
     assignment are unchanged (`evaluate_indexed` gives the same figures), but HF graphs lose the edges
     from their one-choice mask and rotary tables into every layer, which let the blocks have one port
-    (decomposable) and shrink the flat ILP. Changes `ip` in place: call it on the solver's own view only.
+    (decomposable) and shrink the flat ILP. An edge's saved bytes join its node's saved bytes (that node is
+    outside the blocks). Changes `ip` in place (its time, recompute, transient and saved lists): call it on
+    the solver's own view only.
     """
     kept: list[IndexedEdge] = []
     for e in ip.edges:
         if ip.sizes[e.src] == 1:
-            into, cost, rec, work = e.dst, e.cost[0], e.recompute[0], None if e.transient is None else e.transient[0]
+            into, row = e.dst, (lambda m: m[0])
         elif ip.sizes[e.dst] == 1 and (ip.block_of[e.src] == ip.block_of[e.dst]
-                                       or (e.transient is None and not e.recompute.any())):
-            into, cost, rec, work = e.src, e.cost[:, 0], e.recompute[:, 0], (
-                None if e.transient is None else e.transient[:, 0])
+                                       or (e.transient is None and not e.recompute.any()
+                                           and (e.saved is None or ip.block_of[e.src] < 0))):
+            into, row = e.src, (lambda m: m[:, 0])
         else:
             kept.append(e)
             continue
-        ip.time[into] = ip.time[into] + cost
-        ip.recompute[into] = ip.recompute[into] + rec
-        if work is not None:
-            ip.transient[into] = np.maximum(ip.transient[into], work)
+        ip.time[into] = ip.time[into] + row(e.cost)
+        ip.recompute[into] = ip.recompute[into] + row(e.recompute)
+        if e.transient is not None:
+            ip.transient[into] = np.maximum(ip.transient[into], row(e.transient))
+        if e.saved is not None:  # both ends outside the blocks: never dropped, like the node's own
+            ip.saved[into] = ip.saved[into] + row(e.saved)
     folded = len(ip.edges) - len(kept)
     ip.edges = kept
     return folded

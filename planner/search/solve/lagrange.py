@@ -261,7 +261,8 @@ class LagrangeBound:
             per = np.where(ip.transient[v][None, :] <= self.grid[:, None], node_w[None, :], np.inf)
             own[v] = (per, per.min(axis=1))
             outer += own[v][1]
-        outer += sum(w.a * float(e.cost.min()) for e in ip.edges if ip.block_of[e.dst] < 0)
+        outer += sum(w.a * float(e.cost.min()) + (0.0 if e.saved is None else w.b * float(e.saved.min()))
+                     for e in ip.edges if ip.block_of[e.dst] < 0)
         arcs = [c.arcs(w) for c in (self.coarse if coarse and not keep else self.classes)]
         walks = [_walks(arcs[seg.cls], len(seg.blocks), *self._potentials(seg, w, own), keep) for seg in dec.segments]
         base = outer + w.b * self.prev - w.r

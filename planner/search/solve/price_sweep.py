@@ -67,7 +67,7 @@ class PriceSweep:
                 unary[node], incoming[node] = np.zeros(cost.shape[1]), [(seg.port, steps[-1][0])]
         for e in ip.edges:
             if ip.block_of[e.dst] < 0:
-                mat = price.a * e.cost
+                mat = price.a * e.cost + (0.0 if e.saved is None else price.b * e.saved.astype(float))
                 if e.transient is not None:
                     mat = np.where(e.transient <= price.cap, mat, np.inf)
                 incoming[e.dst].append((e.src, mat))

@@ -10,6 +10,9 @@ Memory model (per rank, bytes), for a choice of one option per node and a set C 
 
     peak = sum_v state[v]                                    (model states)
          + sum_{v not in a block of C} saved[v]               (saved activations)
+         + sum_e saved[e][choice(src), choice(dst)]             (what a node outside the blocks saves
+                                                               that depends on both ends: a tied
+                                                               weight's copy in its user's layout)
          + sum_{b in C} input_bytes[b][choice of b.input_node] (a checkpointed block keeps its input)
          + sum_{s: C meets s.blocks} s.nbytes[choice of s.node]  (tensors several blocks read beside
                                                                their input, kept once while any of them
@@ -70,13 +73,17 @@ class ProblemEdge:
     backward) when src takes choice i and dst choice j; recompute_s[i, j] the extra when dst's block is
     checkpointed (the forward part runs again); transient_bytes[i, j] the working set of that
     conversion (its staging buffers and output), a candidate for the max term (None: no conversion
-    needs memory)."""
+    needs memory); saved_bytes[i, j] what `dst` saves for its backward beyond its own choice's saved
+    bytes, alive all step like them (a tied weight's copy, `planner.search.tied`; None: nothing). Only
+    an edge into a node outside every block may save bytes: a checkpointed block recomputes what its
+    nodes save, which no edge term follows."""
 
     src: str
     dst: str
     cost_s: np.ndarray
     recompute_s: np.ndarray
     transient_bytes: np.ndarray | None = None
+    saved_bytes: np.ndarray | None = None
 
 
 @dataclass

@@ -259,6 +259,8 @@ class TwoLevel:
             if ip.block_of[e.dst] < 0:
                 b.pair_cost(ind(e.src), s[e.dst], e.cost, b.time)
                 b.pair_top(ind(e.src), s[e.dst], e.transient)
+                if e.saved is not None:
+                    b.pair_cost(ind(e.src), s[e.dst], e.saved.astype(float), b.memory)
         levels: dict[int, int] = {}
         counts = []
         for seg in dec.segments:
