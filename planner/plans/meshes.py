@@ -164,9 +164,9 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
 def use_room(best: MeshResult, budget: int, job: Callable[[Mesh, int], MeshResult]) -> MeshResult:
     """The best mesh's plan, or a faster one on that mesh where the solver's formulas count more than the
     plan's accounting for its answer by over _ROOM of the budget (a checkpointed block's recompute peak is
-    an upper bound: all its activations beside its largest working set): `job(mesh, loosen)` plans it
-    again with the budget loosened by that difference, and its answer is measured by the plan's account
-    like any other. Only the winner, so that it costs one solve, and only where its answer is not proven
+    an upper bound: its nodes hold several ops, each counted with the whole node's activations):
+    `job(mesh, loosen)` plans it again with the budget loosened by that difference, and its answer is
+    measured by the plan's account like any other. Only the winner, so that it costs one solve, and only where its answer is not proven
     within _ROOM_GAP of the formulas' optimum (the solve costs as much as the first: LLaMA-3-8B on 64 ranks
     at 40 GiB, gap 0.15 %, 5.7 -> 13.5 s for a 0.8 % faster plan; HF LLaMA, 8 ranks, at 2x its smallest
     budget, gap 40 %: the formulas counted 7.8 % of the budget more, and the plan comes out 24 % faster)."""

@@ -222,24 +222,27 @@ class BlockDP:
         rec = np.zeros(len(p))
         state = np.zeros(len(p), dtype=np.int64)
         saved = np.zeros(len(p), dtype=np.int64)
+        work = [sh.transient[v][choice[:, v]] for v in range(self.n)]  # per node: its or a conversion's into it
+        for (s, d), w in sh.internal_work.items():  # conversion working sets join the max term
+            work[d] = np.maximum(work[d], w[choice[:, s], choice[:, d]])
+        for d, w in sh.port_work.items():
+            work[d] = np.maximum(work[d], w[p, choice[:, d]])
         trans = np.zeros(len(p), dtype=np.int64)
-        for v in range(self.n):
+        peak = np.zeros(len(p), dtype=np.int64)  # a checkpointed block's recompute peak (problem.py)
+        for v in range(self.n):  # positions are the block's order
             c = choice[:, v]
             time += sh.time[v][c]
             rec += sh.recompute[v][c]
             state += sh.state[v][c]
             saved += sh.saved[v][c]
-            trans = np.maximum(trans, sh.transient[v][c])
+            trans = np.maximum(trans, work[v])
+            peak = np.maximum(peak, saved + work[v])
         for s, d, cost, r in self.internal:
             time += cost[choice[:, s], choice[:, d]]
             rec += r[choice[:, s], choice[:, d]]
         for v, (cost, r) in self.port.items():
             time += cost[p, choice[:, v]]
             rec += r[p, choice[:, v]]
-        for (s, d), work in sh.internal_work.items():  # conversion working sets join the max term
-            trans = np.maximum(trans, work[choice[:, s], choice[:, d]])
-        for d, work in sh.port_work.items():
-            trans = np.maximum(trans, work[p, choice[:, d]])
         add = np.where(ckpt, state + sh.input_bytes[p], state + saved)
-        top = np.where(ckpt, saved + trans, trans)  # a checkpointed block's recompute peak (problem.py)
+        top = np.where(ckpt, peak, trans)
         return add, top, np.where(ckpt, time + rec, time)

@@ -13,7 +13,13 @@ import numpy as np
 from planner.search.solve.indexed import IndexedProblem, ProblemError
 from planner.search.solve.problem import Problem
 
-__all__ = ["FastEvaluator", "evaluate", "evaluate_indexed"]
+__all__ = ["FastEvaluator", "evaluate", "evaluate_indexed", "recompute_peak"]
+
+
+def recompute_peak(saved: Sequence[int] | np.ndarray, work: Sequence[int] | np.ndarray) -> int:
+    """A checkpointed block's recompute peak (problem.py): over its nodes in the block's order, the largest
+    of the activations recomputed up to and including a node plus that node's working set."""
+    return int(np.max(np.cumsum(np.asarray(saved, dtype=np.int64)) + np.asarray(work, dtype=np.int64)))
 
 
 def evaluate_indexed(
@@ -41,8 +47,8 @@ def evaluate_indexed(
         src = ip.block_input[b]
         kept += int(ip.input_bytes[b][0 if src is None else choice[src]])
         members = ip.block_nodes[b]
-        recomputed = max(recomputed, sum(int(ip.saved[v][choice[v]]) for v in members)
-                         + max(work[v] for v in members))
+        recomputed = max(recomputed, recompute_peak([int(ip.saved[v][choice[v]]) for v in members],
+                                                    [work[v] for v in members]))
     kept += ip.shared_bytes(choice, ckpt)
     max_transient = max((int(ip.transient[v][c]) for v, c in enumerate(choice)), default=0)
     transient = max(max_transient, conversion, recomputed)
@@ -166,7 +172,7 @@ class FastEvaluator:
             src = ip.block_input[b]
             kept += int(ip.input_bytes[b][0 if src is None else c[src]])
             m = self.members[b]
-            recomputed = max(recomputed, int(node_saved[m].sum()) + int(work[m].max()))
+            recomputed = max(recomputed, recompute_peak(node_saved[m], work[m]))
         kept += ip.shared_bytes(c, ckpt)
         transient = max(int(own.max()) if self.n else 0, conversion, recomputed)
         return node_s + edge_s + recompute_s, state + saved + kept + transient

@@ -191,8 +191,10 @@ def _sweep(shape: BlockShape, plan: SweepPlan, p: int, ckpt: bool, with_time: bo
            max_labels: int, deadline: float = np.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The Pareto DP for port choice p, vectorised over all labels of a step. Returns the final labels'
     keys (N x 1: output choice, or N x 0), labels (N x 4: additive bytes (state, + saved unless
-    checkpointed), saved bytes (checkpointed only), largest transient, time) and assignments (N x n, in
-    sweep order)."""
+    checkpointed), saved bytes (checkpointed only), largest working set (checkpointed: the recompute
+    peak, which needs the sweep in the block's order), time) and assignments (N x n, in sweep order)."""
+    if ckpt and plan.order != sorted(plan.order):
+        raise FrontierTooLarge("a checkpointed block's recompute peak needs its nodes listed in forward order")
     prev: list[int] = []
     keys = np.zeros((1, 0), dtype=np.int64)
     vals = np.zeros((1, 4))
@@ -217,9 +219,12 @@ def _sweep(shape: BlockShape, plan: SweepPlan, p: int, ckpt: bool, with_time: bo
             work = np.maximum(work, shape.port_work[v][p, cs])
         new = vals[rep]
         new[:, 0] += (shape.state[v] + (0 if ckpt else shape.saved[v]))[cs]
-        if ckpt:
+        work = np.maximum(shape.transient[v][cs], work)
+        if ckpt:  # the recompute peak so far: what is recomputed up to v beside v's working set
             new[:, 1] += shape.saved[v][cs]
-        new[:, 2] = np.maximum(np.maximum(new[:, 2], shape.transient[v][cs]), work)
+            new[:, 2] = np.maximum(new[:, 2], new[:, 1] + work)
+        else:
+            new[:, 2] = np.maximum(new[:, 2], work)
         if with_time:
             new[:, 3] += dt
         cols = [cs if u == v else keys[rep, prev.index(u)] for u in live]
@@ -260,7 +265,7 @@ def block_frontier(shape: BlockShape, *, checkpointing: bool, with_time: bool = 
             keys, vals, asg = _sweep(shape, plan, p, ckpt, with_time, hook, max_labels, deadline)
             q = keys[:, 0] if keys.shape[1] else np.zeros(len(vals), dtype=np.int64)
             add = vals[:, 0] + (float(shape.input_bytes[p]) if ckpt else 0.0)
-            top = (vals[:, 1] + vals[:, 2]) if ckpt else vals[:, 2]  # the recompute peak (problem.py)
+            top = vals[:, 2]  # the largest working set, or a checkpointed block's recompute peak (problem.py)
             rows.append(np.stack([q, add, top, vals[:, 3]], axis=1))
             meta += [(int(qq), ckpt, tuple(int(x) for x in a[inverse])) for qq, a in zip(q, asg)]
         if not rows:

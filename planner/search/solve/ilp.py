@@ -10,8 +10,9 @@ Formulation (memory in units of `IndexedProblem.memory_unit()` bytes, time scale
 * Checkpoint c_b binary. Every product "node v takes p and block b is checkpointed" is an and-vector
   y[p] in [0, 1] with y[p] <= s_v[p] and sum_p y[p] = c_b: exact for integer s and c (y = c·s). It drops
   v's saved bytes (-saved·y), adds its recompute time, keeps the input node's input_bytes, and gives the
-  recompute term T >= sum_{v in b} saved_v·y_v. Edges into or inside b pay their recompute matrix on pair
-  variables built from the two and-vectors in the same way as plain edges.
+  recompute peak T >= sum_{u in b, u <= v} saved_u·y_u + transient_v·y_v for each v in b (and the same
+  with each conversion into v). Edges into or inside b pay their recompute matrix on pair variables built
+  from the two and-vectors in the same way as plain edges.
 * A shared input gets a binary k >= c_b for each block b that reads it, and adds its bytes on the
   and-vector of its node's one-hot and k.
 * T >= sum_p transient_v[p]·s_v[p] for every node, T >= sum_{p,q} transient_e[p, q]·e[p, q] for every edge
@@ -230,28 +231,29 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
                     ands[v] = b.and_vector(s[v], c)
                 return ands[v]
 
-            saved_max = float(sum(int(ip.saved[v].max()) for v in members))
             for v in members:
                 b.time.add(land(v), ip.recompute[v])
                 b.memory.add(land(v), -ip.saved[v].astype(float))
 
-            def recomputed(members: list[int] = members, land=land) -> LinExpr:
-                """The block's recomputed activations when it is checkpointed."""
-                expr = LinExpr()
-                for v in members:
+            def recomputed(upto: int, members: list[int] = members, land=land) -> tuple[LinExpr, float]:
+                """The activations the block recomputes up to and including node `upto` (in the block's
+                order) when it is checkpointed, and their largest value."""
+                expr, most = LinExpr(), 0.0
+                for v in members[:members.index(upto) + 1]:
                     expr.add(land(v), ip.saved[v].astype(float))
-                return expr
+                    most += float(ip.saved[v].max())
+                return expr, most
 
             # the recompute peak: those activations beside each op's working set (problem.py)
             for v in members:
-                expr = recomputed()
+                expr, most = recomputed(v)
                 expr.add(land(v), ip.transient[v].astype(float))
-                b.tops.append((expr, saved_max + float(ip.transient[v].max())))
+                b.tops.append((expr, most + float(ip.transient[v].max())))
             for e in ip.edges:
                 if ip.block_of[e.dst] == blk and e.transient is not None:
-                    expr = recomputed()
+                    expr, most = recomputed(e.dst)
                     expr.add(b.pair_vars(land(e.src), land(e.dst)).ravel(), e.transient.ravel().astype(float))
-                    b.tops.append((expr, saved_max + float(e.transient.max())))
+                    b.tops.append((expr, most + float(e.transient.max())))
             src = ip.block_input[blk]
             b.memory.add(np.array([c]) if src is None else land(src), ip.input_bytes[blk].astype(float))
             for e in ip.edges:

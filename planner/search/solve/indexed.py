@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.errors import PlannerError
+from planner.search.solve.frontier import topological_order
 from planner.search.solve.problem import Problem, ProblemEdge
 
 __all__ = ["ProblemError", "IndexedEdge", "IndexedProblem", "fold_fixed_edges", "fold_shared_inputs"]
@@ -52,7 +53,7 @@ class IndexedProblem:
     """Validated arrays of a `Problem`.
 
     Per node v: `sizes[v]` choices and arrays `time[v]`, `recompute[v]`, `state[v]`, `saved[v]`,
-    `transient[v]` indexed by choice. Per block b: `block_nodes[b]` (node indices in the block's order),
+    `transient[v]` indexed by choice. Per block b: `block_nodes[b]` (node indices in forward order),
     `block_input[b]` (the input node's index or None) and `input_bytes[b]` (indexed by the input node's
     choice; one entry, choice 0, when the block has no input node). `block_of[v]` is v's block or -1.
     Per shared input k (`Problem.shared_inputs`): `shared[k]` = (its node's index, bytes per that node's
@@ -185,6 +186,7 @@ class IndexedProblem:
             self.block_nodes.append(members)
             self.block_input.append(src)
             self.input_bytes.append(_bytes_array(given, f"block {block.name!r} input_bytes"))
+        self._forward_order()
         for e in self.edges:
             if e.saved is not None and self.block_of[e.dst] >= 0:
                 raise ProblemError(
@@ -199,6 +201,18 @@ class IndexedProblem:
                     + (f"block {owner!r} lists it" if owner else "no block lists it")
                     + "; make ProblemNode.block agree with Block.nodes"
                 )
+
+    def _forward_order(self) -> None:
+        """Each block's nodes in an order where every edge inside the block runs forward (the listed order
+        where it does; otherwise, among the nodes ready next, the one listed first): the order a checkpointed
+        block's recompute peak follows (problem.py). A block whose edges form a cycle keeps its listed order."""
+        for b, members in enumerate(self.block_nodes):
+            position = {v: i for i, v in enumerate(members)}
+            inside = [(position[e.src], position[e.dst]) for e in self.edges
+                      if self.block_of[e.src] == b and self.block_of[e.dst] == b]
+            order = topological_order(len(members), inside)
+            if order is not None:
+                self.block_nodes[b] = [members[i] for i in order]
 
     def _read_shared(self) -> None:
         self.shared: list[tuple[int, np.ndarray, frozenset[int]]] = []

@@ -311,7 +311,9 @@ class LagrangeBound:
             def keep(i: int, keys: np.ndarray, vals: np.ndarray) -> np.ndarray:
                 own = w.a * vals[:, 3] + w.b * vals[:, 0] + kept
                 top = np.maximum(vals[:, 1], vals[:, 2]) if ckpt else vals[:, 2]
-                j = np.searchsorted(self.grid, np.maximum(top, self.floor), side="left")
+                # a recompute peak can pass the grid's top (every transient, every recomputed-byte
+                # bucket): the last bucket's bound holds there (its limits hold for every answer)
+                j = np.minimum(np.searchsorted(self.grid, np.maximum(top, self.floor), side="left"), len(self.grid) - 1)
                 table = tables[ckpt][i]  # live choices... x (Q, P)
                 phi = table[tuple(keys.T)][:, :, p] if keys.shape[1] else np.broadcast_to(table[:, p], (len(vals),
                                                                                                          table.shape[0]))

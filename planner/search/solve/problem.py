@@ -19,11 +19,14 @@ Memory model (per rank, bytes), for a choice of one option per node and a set C 
                                                                is checkpointed: `SharedInput`)
          + max( max_v transient[v],                            (largest temporary buffer)
                 max_e transient[e][choice(src), choice(dst)],  (a layout conversion's working set)
-                max_{b in C} ( sum_{v in b} saved[v]           (a checkpointed block's recomputed
-                               + max_{v in b} work[v] ) )      activations, alive during its backward
-                                                               beside the working set of each of its ops)
-    where work[v] = max(transient[v], transient[e] of the edges e into v): an upper bound of the plan's
-    accounting, which adds to each op only the activations recomputed up to it.
+                max_{b in C} max_{v in b} ( sum_{u in b, u <= v} saved[u]  (a checkpointed block's
+                                            + work[v] ) )      recompute peak: at v's backward, the
+                                                               activations recomputed up to v, in the
+                                                               block's order, beside v's working set)
+    where work[v] = max(transient[v], transient[e] of the edges e into v), and a block's order is the order
+    its nodes are listed in, where every edge inside it runs forward (otherwise, among the nodes ready
+    next, the first listed: `IndexedProblem`). The plan's accounting adds the same per op, in the graph's
+    order; a node holds several ops, which it counts together.
 
 The shared-input term couples blocks; the flat and column ILPs, `evaluate` and brute force count it
 exactly, while the priced search's per-block prices leave it out (a relaxation: its lower bounds stay

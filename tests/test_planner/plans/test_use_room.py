@@ -1,10 +1,13 @@
 """Room the solver's formulas leave: where they count more than the plan's accounting for the best answer
-(a checkpointed layer's recompute peak is an upper bound), the winning mesh is solved once more with the
+(a checkpointed layer's recompute peak is an upper bound: its nodes hold several ops, each counted with the
+whole node's activations), the winning mesh is solved once more with the
 budget loosened by the difference (`planner.plans.meshes.use_room`), and the faster answer that the plan's
 accounting still fits is kept.
 
-HF LLaMA on a 2x2x2 mesh at 5 MiB: the formulas count 10 % of the budget more than the plan for the first
-answer; the plan with the second solve is faster and fits, the one without it (room switched off) slower."""
+HF LLaMA on a 2x2x2 mesh at 5 MiB: the formulas count 205,312 B (3.9 % of the budget) more than the plan
+for the first answer; the plan with the second solve is faster (2.7 %) and fits, the one without it (room
+switched off) slower. (Before the recompute peak counted per node what is recomputed up to it, the
+formulas counted 10 % more there, and the second solve bought 5 %.)"""
 
 from __future__ import annotations
 
@@ -28,6 +31,6 @@ def test_the_room_left_by_the_formulas_buys_a_faster_plan(monkeypatch) -> None:
     monkeypatch.setattr(meshes, "_ROOM", float("inf"))  # the first answer only
     first = plan_it()
     assert roomy.predicted.bound_bytes <= budget and first.predicted.bound_bytes <= budget
-    assert roomy.predicted.step_time_s < 0.95 * first.predicted.step_time_s
+    assert roomy.predicted.step_time_s < 0.99 * first.predicted.step_time_s
     assert roomy.predicted.bound_bytes > first.predicted.bound_bytes  # it spent the room
     assert "loosened" in roomy.solver.message and "loosened" not in first.solver.message  # and says so

@@ -52,6 +52,15 @@ def test_checkpointed_block_by_hand() -> None:
     assert peak == 1070 + 230 + 150 + 780
 
 
+def test_recompute_peak_counts_what_is_recomputed_up_to_each_node() -> None:
+    """At b's backward only b's activations are recomputed: b's large working set sits beside b's 400, not
+    beside c's 80 too (c's backward, with both, has the smaller working set)."""
+    problem = _example()
+    problem.nodes[1].choices[0] = Choice(0.5, 0.2, 10, 400, 500)  # b: working set 500
+    parts = evaluate(problem, {"a": 0, "b": 0, "c": 0, "d": 1}, ["B"])[2]
+    assert parts["recomputed_bytes"] == max(400 + 500, 400 + 80 + 100) == 900
+
+
 @pytest.mark.parametrize(
     ("budget", "status", "ckpt"),
     [(1264, "infeasible", None), (1265, "optimal", ["B"]), (1400, "optimal", ["B"]), (1425, "optimal", []),

@@ -68,10 +68,13 @@ def _enumerated(shape, checkpointing: bool) -> set:
                 t += sum(cost[p, choice[d]] + (rec[p, choice[d]] if ckpt else 0) for d, cost, rec in shape.from_port)
                 state = sum(int(shape.state[v][c]) for v, c in enumerate(choice))
                 saved = sum(int(shape.saved[v][c]) for v, c in enumerate(choice))
-                top = max(int(shape.transient[v][c]) for v, c in enumerate(choice))
+                work = [int(shape.transient[v][c]) for v, c in enumerate(choice)]
+                # the recompute peak: activations recomputed up to a node (block order) beside its working set
+                peak = max(int(np.cumsum([shape.saved[v][c] for v, c in enumerate(choice)])[v]) + work[v]
+                           for v in range(len(choice)))
                 add = state + (int(shape.input_bytes[p]) if ckpt else saved)
                 q = choice[shape.out_pos]
-                rows.setdefault((p, q), []).append((add, top + saved if ckpt else top, t))  # recompute peak
+                rows.setdefault((p, q), []).append((add, peak if ckpt else max(work), t))
     out = set()
     for (p, q), vals in rows.items():
         arr = np.array(vals, dtype=float)
