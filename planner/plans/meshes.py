@@ -166,10 +166,11 @@ def use_room(best: MeshResult, budget: int, job: Callable[[Mesh, int], MeshResul
     plan's accounting for its answer by over _ROOM of the budget (a checkpointed block's recompute peak is
     an upper bound: its nodes hold several ops, each counted with the whole node's activations):
     `job(mesh, loosen)` plans it again with the budget loosened by that difference, and its answer is
-    measured by the plan's account like any other. Only the winner, so that it costs one solve, and only where its answer is not proven
-    within _ROOM_GAP of the formulas' optimum (the solve costs as much as the first: LLaMA-3-8B on 64 ranks
-    at 40 GiB, gap 0.15 %, 5.7 -> 13.5 s for a 0.8 % faster plan; HF LLaMA, 8 ranks, at 2x its smallest
-    budget, gap 40 %: the formulas counted 7.8 % of the budget more, and the plan comes out 24 % faster)."""
+    measured by the plan's account like any other. Only the winner, so that it costs one solve, and only
+    where its answer is not proven within _ROOM_GAP of the formulas' optimum (the solve costs as much as
+    the first: LLaMA-3-8B on 64 ranks at 40 GiB, gap 0.15 %, 5.7 -> 13.5 s for a 0.8 % faster plan; HF
+    LLaMA, 8 ranks, at 2x its smallest budget, gap 40 %: the formulas counted 7.8 % of the budget more, and
+    the plan comes out 24 % faster)."""
     if best.plan is None or best.peak is None:
         return best
     gap = best.plan.solver.gap

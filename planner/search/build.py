@@ -355,7 +355,8 @@ def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerat
     """The layout conversions between decisions: per (producer choice, consumer choice), the time, the
     recompute time and the working set of converting each tensor that crosses, summed per decision pair.
     Into a consumer outside the blocks, the working set leaves out what the consumer saves (a conversion
-    runs before its forward and after its backward; the plan's accounting counts the same). Each distinct (shape, dtype, from, to, gradient) is priced once; a repeated block's edges are copied.
+    runs before its forward and after its backward; the plan's accounting counts the same). Each distinct
+    (shape, dtype, from, to, gradient) is priced once; a repeated block's edges are copied.
     Into the output node, the conversion of each output to the caller's layout (`input_mode`): its working
     set only (`output_working_set`; its collectives are the caller's, not the step's)."""
     nodes = {n.name: n for n in graph.nodes}
@@ -416,7 +417,7 @@ def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerat
             cost = small[0][np.ix_(iu, iv)]
             rec = small[1][np.ix_(iu, iv)]
             work = small[2][np.ix_(iu, iv)].astype(np.int64)
-            if dv.block is None:  # the tensors the consumer saves are not alive beside its conversions (as the plan counts)
+            if dv.block is None:  # what the consumer saves is not alive beside its conversions
                 saved = np.array([en.costs[op.name][k].saved_bytes for k in dv.members[kv]], dtype=np.int64)
                 work = np.maximum(work - saved[None, :], 0)
             if not cost.any() and not rec.any() and not work.any():

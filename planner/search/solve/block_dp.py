@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.search.solve.eliminate import Sweep, eliminate
+from planner.search.solve.evaluate import recompute_peak
 from planner.search.solve.frontier import BlockShape, FrontierPoint, plan_sweep
 
 __all__ = ["Price", "BlockDP", "BlockTable", "allowed"]
@@ -227,16 +228,12 @@ class BlockDP:
             work[d] = np.maximum(work[d], w[choice[:, s], choice[:, d]])
         for d, w in sh.port_work.items():
             work[d] = np.maximum(work[d], w[p, choice[:, d]])
-        trans = np.zeros(len(p), dtype=np.int64)
-        peak = np.zeros(len(p), dtype=np.int64)  # a checkpointed block's recompute peak (problem.py)
-        for v in range(self.n):  # positions are the block's order
+        for v in range(self.n):
             c = choice[:, v]
             time += sh.time[v][c]
             rec += sh.recompute[v][c]
             state += sh.state[v][c]
             saved += sh.saved[v][c]
-            trans = np.maximum(trans, work[v])
-            peak = np.maximum(peak, saved + work[v])
         for s, d, cost, r in self.internal:
             time += cost[choice[:, s], choice[:, d]]
             rec += r[choice[:, s], choice[:, d]]
@@ -244,5 +241,8 @@ class BlockDP:
             time += cost[p, choice[:, v]]
             rec += r[p, choice[:, v]]
         add = np.where(ckpt, state + sh.input_bytes[p], state + saved)
-        top = np.where(ckpt, peak, trans)
+        # positions are the block's order: a checkpointed block's recompute peak (problem.py), else its
+        # largest working set
+        top = np.where(ckpt, recompute_peak([sh.saved[v][choice[:, v]] for v in range(self.n)], work),
+                       np.max(work, axis=0))
         return add, top, np.where(ckpt, time + rec, time)

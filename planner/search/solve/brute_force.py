@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from planner.search.solve.evaluate import evaluate_indexed
+from planner.search.solve.evaluate import evaluate_indexed, recompute_peak
 from planner.search.solve.indexed import IndexedProblem, ProblemError
 from planner.search.solve.problem import Problem, Solution
 
@@ -58,9 +58,8 @@ def brute_force(problem: Problem) -> Solution:
     transient = np.max(np.stack(work), axis=0) if ip.n else 0
     block_saved, block_peak, block_rec, block_kept = [], [], [], []
     for b, members in enumerate(ip.block_nodes):
-        upto = np.cumsum(np.stack([saved[v] for v in members]), axis=0)  # recomputed up to each node
-        block_saved.append(upto[-1])
-        block_peak.append(np.max(upto + np.stack([work[v] for v in members]), axis=0))
+        block_saved.append(sum((saved[v] for v in members), np.zeros(len(grid), dtype=np.int64)))
+        block_peak.append(recompute_peak([saved[v] for v in members], [work[v] for v in members]))
         rec = sum((node_r[v] for v in members), np.zeros(len(grid)))
         rec = rec + sum((r for r, e in zip(edge_r, ip.edges) if ip.block_of[e.dst] == b), np.zeros(len(grid)))
         block_rec.append(rec)

@@ -16,10 +16,12 @@ from planner.search.solve.problem import Problem
 __all__ = ["FastEvaluator", "evaluate", "evaluate_indexed", "recompute_peak"]
 
 
-def recompute_peak(saved: Sequence[int] | np.ndarray, work: Sequence[int] | np.ndarray) -> int:
-    """A checkpointed block's recompute peak (problem.py): over its nodes in the block's order, the largest
-    of the activations recomputed up to and including a node plus that node's working set."""
-    return int(np.max(np.cumsum(np.asarray(saved, dtype=np.int64)) + np.asarray(work, dtype=np.int64)))
+def recompute_peak(saved: Sequence | np.ndarray, work: Sequence | np.ndarray) -> np.ndarray:
+    """A checkpointed block's recompute peak (problem.py): over its nodes in the block's order (axis 0), the
+    largest of the activations recomputed up to and including a node plus that node's working set. Per
+    node one number, or one array of many assignments' values (then one peak per assignment)."""
+    saved, work = np.asarray(saved, dtype=np.int64), np.asarray(work, dtype=np.int64)
+    return np.max(np.cumsum(saved, axis=0) + work, axis=0)
 
 
 def evaluate_indexed(
@@ -47,8 +49,8 @@ def evaluate_indexed(
         src = ip.block_input[b]
         kept += int(ip.input_bytes[b][0 if src is None else choice[src]])
         members = ip.block_nodes[b]
-        recomputed = max(recomputed, recompute_peak([int(ip.saved[v][choice[v]]) for v in members],
-                                                    [work[v] for v in members]))
+        recomputed = max(recomputed, int(recompute_peak([ip.saved[v][choice[v]] for v in members],
+                                                        [work[v] for v in members])))
     kept += ip.shared_bytes(choice, ckpt)
     max_transient = max((int(ip.transient[v][c]) for v, c in enumerate(choice)), default=0)
     transient = max(max_transient, conversion, recomputed)
@@ -125,17 +127,22 @@ class FastEvaluator:
         self.edge_offset = np.asarray(starts, dtype=np.int64)
         self.edge_cost = np.concatenate([e.cost.ravel() for e in edges]) if edges else np.zeros(0)
         self.edge_recompute = np.concatenate([e.recompute.ravel() for e in edges]) if edges else np.zeros(0)
-        worked = [k for k, e in enumerate(edges) if e.transient is not None]
-        self.worked = np.array(worked, dtype=np.int64)
-        self.edge_work = np.concatenate([edges[k].transient.ravel().astype(np.int64) for k in worked]) \
-            if worked else np.zeros(0, dtype=np.int64)
-        self.work_offset = np.asarray(np.cumsum([0] + [edges[k].transient.size for k in worked])[:-1], dtype=np.int64)
+        self.worked, self.edge_work, self.work_offset = self._flat_bytes([e.transient for e in edges])
+        self.keeping, self.edge_saved, self.saved_offset = self._flat_bytes([e.saved for e in edges])
         self.members = [np.asarray(m, dtype=np.int64) for m in ip.block_nodes]
-        keeping = [k for k, e in enumerate(edges) if e.saved is not None]
-        self.keeping = np.array(keeping, dtype=np.int64)
-        self.edge_saved = np.concatenate([edges[k].saved.ravel().astype(np.int64) for k in keeping]) \
-            if keeping else np.zeros(0, dtype=np.int64)
-        self.saved_offset = np.asarray(np.cumsum([0] + [edges[k].saved.size for k in keeping])[:-1], dtype=np.int64)
+
+    @staticmethod
+    def _flat_bytes(mats: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-edge bytes matrices (None: none) laid flat: the edges that have one, their values
+        concatenated, and where each edge's values start."""
+        have = [k for k, m in enumerate(mats) if m is not None]
+        values = np.concatenate([mats[k].ravel().astype(np.int64) for k in have]) if have else np.zeros(0, dtype=np.int64)
+        starts = np.asarray(np.cumsum([0] + [mats[k].size for k in have])[:-1], dtype=np.int64)
+        return np.array(have, dtype=np.int64), values, starts
+
+    def _edge_bytes(self, edges: np.ndarray, values: np.ndarray, starts: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """The flat bytes (`_flat_bytes`) of `edges` at the choices `c` of their ends."""
+        return values[starts + c[self.src[edges]] * self.cols[edges] + c[self.dst[edges]]]
 
     @staticmethod
     def _sum(values: np.ndarray) -> float:
@@ -155,24 +162,21 @@ class FastEvaluator:
         recompute_s += self._sum(self.edge_recompute[pair][in_ckpt[self.dst]])
         state = int(self.state[at].sum())
         saved = int(self.saved[at][~in_ckpt].sum())
-        if len(self.keeping):
-            k = self.keeping
-            saved += int(self.edge_saved[self.saved_offset + c[self.src[k]] * self.cols[k] + c[self.dst[k]]].sum())
+        saved += int(self._edge_bytes(self.keeping, self.edge_saved, self.saved_offset, c).sum())
         own = self.transient[at]
         work = own.copy()
         conversion = 0
         if len(self.worked):
-            k = self.worked
-            w = self.edge_work[self.work_offset + c[self.src[k]] * self.cols[k] + c[self.dst[k]]]
+            w = self._edge_bytes(self.worked, self.edge_work, self.work_offset, c)
             conversion = int(w.max())
-            np.maximum.at(work, self.dst[k], w)
+            np.maximum.at(work, self.dst[self.worked], w)
         kept = recomputed = 0
         node_saved = self.saved[at]
         for b in ckpt:
             src = ip.block_input[b]
             kept += int(ip.input_bytes[b][0 if src is None else c[src]])
             m = self.members[b]
-            recomputed = max(recomputed, recompute_peak(node_saved[m], work[m]))
+            recomputed = max(recomputed, int(recompute_peak(node_saved[m], work[m])))
         kept += ip.shared_bytes(c, ckpt)
         transient = max(int(own.max()) if self.n else 0, conversion, recomputed)
         return node_s + edge_s + recompute_s, state + saved + kept + transient

@@ -162,7 +162,7 @@ def plan_sweep(shape: BlockShape) -> SweepPlan:
 
 
 # prune(step, keys, labels) -> mask of labels to keep; keys (N x len(live[step])) are the live nodes' choices,
-# labels (N x 4) rows (add, saved, transient, time)
+# labels (N x 4) rows (add, saved, largest working set or, checkpointed, recompute peak so far, time)
 Prune = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
 
 _SHIFT_GROUP = 64  # groups up to this size are checked by shifted comparisons, larger ones one by one

@@ -310,16 +310,16 @@ class LagrangeBound:
 
             def keep(i: int, keys: np.ndarray, vals: np.ndarray) -> np.ndarray:
                 own = w.a * vals[:, 3] + w.b * vals[:, 0] + kept
-                top = np.maximum(vals[:, 1], vals[:, 2]) if ckpt else vals[:, 2]
-                # a recompute peak can pass the grid's top (every transient, every recomputed-byte
-                # bucket): the last bucket's bound holds there (its limits hold for every answer)
-                j = np.minimum(np.searchsorted(self.grid, np.maximum(top, self.floor), side="left"), len(self.grid) - 1)
+                # the label's largest working set, or its recompute peak so far (at least what it has
+                # recomputed): a floor of the answer's max term. A recompute peak can pass the grid's top
+                # (every transient, every recomputed-byte bucket): the last bucket's bound holds there
+                # (its limits hold for every answer).
+                top = np.maximum(vals[:, 2], self.floor)
+                j = np.minimum(np.searchsorted(self.grid, top, side="left"), len(self.grid) - 1)
                 table = tables[ckpt][i]  # live choices... x (Q, P)
                 phi = table[tuple(keys.T)][:, :, p] if keys.shape[1] else np.broadcast_to(table[:, p], (len(vals),
                                                                                                          table.shape[0]))
-                inside = j < len(self.grid)
-                bound = np.full(len(vals), np.inf)
-                bound[inside] = own[inside] + np.min(phi[inside] + rest[j[inside], p, :], axis=1)
+                bound = own + np.min(phi + rest[j, p, :], axis=1)
                 return bound <= target + tol
 
             return keep
