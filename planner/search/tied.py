@@ -3,8 +3,10 @@
 A linear whose weight an earlier op owns (a language model's head tied to its token embedding) runs on a
 copy of that parameter in its own layout whenever its layout of the weight differs from the owner's
 (`planner.apply.layers.TiedLayer` converts the owner's parameter), and saves the copy for its input
-gradient: it is no parameter. A linear that gathers its weight in forward saves the gathered weight,
-which its own rule prices, so it holds no copy. The copy depends on both ops' strategies. The plan adds
+gradient: it is no parameter. A linear that gathers its weight in forward and keeps it for backward saves
+the gathered weight, which its own rule prices, so it holds no copy; one that gathers it again in backward
+(fsdp, 3d_allreduce with weight_shard) saves its stored shard, which is the copy (measured by `planner
+verify` on HF GPT-2, 2x2x2, head under 3d_allreduce with weight_shard: 16,384 B saved beyond the rule). The copy depends on both ops' strategies. The plan adds
 it to the user's saved activations (alive from the user's forward to its backward), and the problem
 carries the same bytes as saved bytes on an edge from the owner's decision to the user's
 (`ProblemEdge.saved_bytes`): the solver counts what the plan's bound, which the budget is checked
@@ -56,7 +58,8 @@ def tied_uses(graph: ModelGraph) -> list[TiedUse]:
 def copy_bytes(use: TiedUse, home: OpNode, home_strategy: Strategy, user_strategy: Strategy, user_cost: OpCost,
                mesh: Mesh) -> int:
     """Bytes of the user's copy of the weight under these strategies (0 when it holds none)."""
-    if any(c.phase == "forward" and c.tag == "weight" for c in user_cost.collectives):
+    gathers = {c.phase for c in user_cost.collectives if c.tag == "weight"}
+    if "forward" in gathers and "backward" not in gathers:  # keeps the gathered weight, not the copy
         return 0
     home_lay = dict(home_strategy.params).get(param_key(home, use.index))
     lay = dict(user_strategy.params).get("weight")
