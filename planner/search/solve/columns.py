@@ -186,6 +186,8 @@ class PricedSolve:
         (`solve`'s tighten-and-retry loop) prices it only for the answer it keeps."""
         start = time.perf_counter()
         ip = self.ip
+        if self.sweep.minimum(Price(0.0, 1.0, 0.0)) + self.floor > ip.budget:
+            return self._least_only(start, deadline, solver)
         fastest = self.evaluate(Price(1.0, self.tiny))
         if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
             return self._answer(fastest, start, "optimal", 0.0, "", fastest.bound)
@@ -222,6 +224,29 @@ class PricedSolve:
         if lift:
             self.lift(sol, deadline)
         return sol
+
+    def _least_only(self, start: float, deadline: float, solver: str) -> Solution:
+        """The answer at a budget below the least additive bytes plus the least max term, where nothing fits
+        (planning at 1 byte to learn the smallest budget; `plan_mesh`'s budget-0 solve): no price is
+        searched for time; the columns are the least-memory blocks of all choices and of each uniform scheme,
+        under the transient caps below each one's largest transient, and the least-memory column ILP mixes
+        them."""
+        self._least_columns(deadline)
+        return self._least_memory(self._outer(None), start, solver, deadline)
+
+    def _least_columns(self, deadline: float) -> None:
+        """Price the least-memory blocks of all choices and of each uniform scheme: the least additive bytes
+        with a checkpointed block's recomputed bytes priced in full, at 1/M (the mean over M blocks, as one
+        block's recompute peak is what counts) and not at all, each also under the transient caps below
+        its minimiser's largest transient."""
+        m = max(len(self.ip.block_nodes), 1)
+        for only in [(), *self._groups()]:
+            for c in (1.0, 1.0 / m, 0.0):
+                if self._late(deadline):
+                    return
+                least = self.evaluate(Price(self.tiny, 1.0, c, only=only))
+                for cap in self._caps(least.choice, _CAPS_TIGHT, only):
+                    self.evaluate(Price(self.tiny, 1.0, c, cap=cap, only=only))
 
     def lift(self, sol: Solution, deadline: float) -> None:
         """Where `sol` (this search's answer) is still more than _LIFT_GAP above its bound, raise the bound
@@ -404,14 +429,27 @@ class PricedSolve:
             value = answer[2]
             gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
             return self._solution(*answer, start, gap, solver, cut, bound)
-        outer.points = every  # the least memory may use columns that do not fit: all of the last round's
+        # Nothing fits among these columns: the least-memory search's may (its answer at the budget that a
+        # budget-0 solve reports), and the least-memory ILP then mixes all columns.
+        if not self._late(deadline):
+            self._least_columns(deadline)
+            outer, every = self._outer(None), None
+        if every is not None:
+            outer.points = every  # the least memory may use columns that do not fit: all of the last round's
+        return self._least_memory(outer, start, solver, deadline)
+
+    def _least_memory(self, outer: TwoLevel, start: float, solver: str, deadline: float) -> Solution:
+        """"infeasible" with the least peak the column ILP finds over `outer`'s columns (an upper bound on
+        the smallest budget), or that assignment as "feasible" where it fits."""
+        ip = self.ip
         least = outer.outer("memory", solver, deadline)
         found = LeastMemory(int(least.value), least.choice, least.ckpt, False,
                             "smallest feasible budget found by the priced search (an upper bound; not proven "
                             "minimal)") if least.res.x is not None else LeastMemory(
                                 None, [], [], False, f"least-memory solve failed: {least.res.message}")
         base = dict(seconds=time.perf_counter() - start, solver=resolve_solver(solver), method="priced")
-        return infeasible_or_fallback(ip, found, base)
+        return infeasible_or_fallback(ip, found, base, fits="the least-memory assignment (no priced search found "
+                                                           "another that fits)")
 
     def _outer(self, only: list[tuple[str, ...]] | None) -> TwoLevel:
         """The column ILP over the blocks that the prices restricted to one of `only` found (every price's

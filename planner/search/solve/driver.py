@@ -24,17 +24,17 @@ def _named(ip: IndexedProblem, choice: list[int]) -> dict[str, int]:
     return {name: int(c) for name, c in zip(ip.names, choice)}
 
 
-def infeasible_or_fallback(ip: IndexedProblem, least: LeastMemory, base: dict) -> Solution:
+def infeasible_or_fallback(ip: IndexedProblem, least: LeastMemory, base: dict, fits: str = (
+        "solver tolerance hid the assignments at the budget's edge; this is the least-memory one")) -> Solution:
     """The answer once no assignment was found under the budget: "infeasible" with the least peak, or, when
-    the least-memory assignment does fit (solver tolerance made the budget look too small), that
-    assignment as "feasible"."""
+    the least-memory assignment does fit, that assignment as "feasible" with the message `fits` (why no
+    other answer was found: by default, solver tolerance made the budget look too small)."""
     time_s, peak = (evaluate_indexed(ip, least.choice, least.checkpointed)[:2] if least.choice
                     else (float("nan"), 0))
     fields = dict(choice=_named(ip, least.choice), checkpointed=[ip.block_names[b] for b in least.checkpointed],
                   objective=time_s, peak_bytes=peak, **base)
     if least.peak_bytes is not None and least.peak_bytes <= ip.budget:
-        return Solution(status="feasible", gap=float("nan"), message=(
-            "solver tolerance hid the assignments at the budget's edge; this is the least-memory one"), **fields)
+        return Solution(status="feasible", gap=float("nan"), message=fits, **fields)
     return Solution(status="infeasible", min_feasible_budget=least.peak_bytes, message=least.message, **fields)
 
 

@@ -1,0 +1,47 @@
+"""The smallest budget on models this project did not write (tiny HF BERT and LLaMA from the zoo, 8 ranks on
+2x2x2): planning at 1 byte reports it without a search for time (a budget below the least additive bytes
+plus the least max term goes straight to the least-memory columns), and re-planning there fits it."""
+
+from __future__ import annotations
+
+import pytest
+from zoo import build
+
+from cost_models.hardware import load_profile
+from cost_models.mesh import candidate_meshes
+from planner import InfeasibleError, plan
+from planner.search.build import build_problem
+from planner.search.solve import solve
+from planner.trace.tracer import capture
+
+MESH = candidate_meshes(8, 8)[-1]  # 2x2x2: the most strategies per op
+
+
+def _graph(name: str):
+    ex = build(name)
+    return capture(ex.model, ex.example_inputs, name=name)
+
+
+def test_replanning_at_the_reported_smallest_budget_fits_it() -> None:
+    graph = _graph("hf-llama")
+    with pytest.raises(InfeasibleError) as err:
+        plan(graph, 1, world_size=8, workers=1, meshes=[MESH])
+    need = err.value.min_budget_bytes
+    assert need is not None and need > 1
+    p = plan(graph, need, world_size=8, workers=1, meshes=[MESH])
+    assert p.feasible and p.predicted.bound_bytes <= need
+    with pytest.raises(InfeasibleError):  # and it is the smallest this planner finds: one byte less fails
+        plan(graph, p.predicted.bound_bytes - 1, world_size=8, workers=1, meshes=[MESH])
+
+
+def test_a_priced_solve_at_the_least_memory_peak_fits() -> None:
+    """The least peak a budget-0 solve reports (least-memory columns only) is met by a solve at that budget
+    (a search for time, whose column ILP also holds those columns when nothing faster fits)."""
+    graph = _graph("hf-bert")
+    hw = load_profile("a100-80gb")
+    problem = build_problem(graph, MESH, hw, 1, device=hw.device, bytes_per_param=16, schemes=None).problem
+    least = solve(problem, budget=0, method="priced")
+    assert least.status == "infeasible" and least.min_feasible_budget == least.peak_bytes > 0
+    at = solve(problem, budget=least.min_feasible_budget, method="priced")
+    assert at.status in ("optimal", "feasible") and at.peak_bytes <= least.min_feasible_budget
+    assert at.objective <= least.objective * (1 + 1e-9)  # never slower than the least-memory assignment
