@@ -18,7 +18,7 @@ from cost_models.mesh import Mesh, MeshError, candidate_meshes, check_world_size
 from planner.apply.applicable import check_applicable
 from planner.plans.assemble import assemble_plan
 from planner.plans.format import INPUT_MODES, Plan
-from planner.plans.meshes import MeshResult, plan_mesh, plan_meshes, use_room
+from planner.plans.meshes import MeshResult, narrow_least, plan_mesh, plan_meshes, use_room
 from planner.search.build import BuiltProblem, SchemeError, build_problem, expand_schemes
 from planner.search.solve import Solution, SolverError
 from planner.trace.graph import ModelGraph
@@ -106,6 +106,15 @@ def _as_mesh(m: Mesh | Sequence[int] | str) -> Mesh:
                     "string '2x4'")
 
 
+def _fastest(results: list[MeshResult]) -> MeshResult | None:
+    """The result with the fastest plan, in mesh order (ties keep the first); None when no mesh has one."""
+    best: MeshResult | None = None
+    for r in results:
+        if r.plan is not None and (best is None or r.objective < best.objective - 1e-15):
+            best = r
+    return best
+
+
 def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | None = None,
          example_inputs: Sequence[Any] | None = None, input_shapes: Sequence[Any] | None = None,
          hardware: str | HardwareProfile = "a100-80gb", schemes: Sequence[str] | str | None = None,
@@ -168,10 +177,15 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
                                                                  time_limit=time_limit, beaten=beaten),
                           time_limit=time_limit, progress=progress, workers=workers)
     unavailable = [f"mesh {r.mesh}: {r.unavailable}" for r in results if r.unavailable]
-    best: MeshResult | None = None
-    for r in results:  # in mesh order: ties keep the first
-        if r.plan is not None and (best is None or r.objective < best.objective - 1e-15):
-            best = r
+    best = _fastest(results)
+    narrow = {r.mesh: r.least for r in results if r.narrow}
+    if best is None and narrow:  # no plan anywhere: look below the least-memory plans' bounds
+        narrowed = plan_meshes(list(narrow), lambda m, _: narrow_least(m, build, assemble, budget_bytes, narrow[m],
+                                                                       solver=solver, time_limit=time_limit),
+                               time_limit=time_limit, progress=progress, workers=workers)
+        by_mesh = {r.mesh: r for r in narrowed}
+        results = [by_mesh.get(r.mesh, r) for r in results]
+        best = _fastest(results)
     if best is not None:
         best = use_room(best, budget_bytes, lambda m, room: plan_mesh(m, build, assemble, budget_bytes, solver=solver,
                                                                      time_limit=time_limit, loosen=room))

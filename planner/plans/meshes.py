@@ -36,9 +36,9 @@ from planner.plans.format import Plan
 from planner.search.build import BuiltProblem, SchemeUnavailable
 from planner.search.solve import Progress, Solution, solve
 
-__all__ = ["Incumbent", "MeshResult", "WorkerTraceback", "plan_mesh", "plan_meshes", "use_room"]
+__all__ = ["Incumbent", "MeshResult", "WorkerTraceback", "narrow_least", "plan_mesh", "plan_meshes", "use_room"]
 
-_LEAST_ROUNDS = 2  # fits just below the least-memory plan's peak, looking for a smaller budget that fits
+_LEAST_ROUNDS = 2  # fits just below the least-memory plan's bound, looking for a smaller budget that fits
 # ... only where the plan counts more than the solver's model for the least-memory answer by over this
 # fraction of it: about what such a fit can win (HF GPT-2 on 2x2x2: 16 KiB more, a fit finds 0.4 % less)
 _LEAST_GAIN = 1e-3
@@ -61,6 +61,7 @@ class MeshResult:
     error: str = ""
     beaten: bool = False  # stopped: a plan found on another mesh is proven faster than any plan here
     peak: int | None = None  # the solver's formulas' peak for the plan's answer (`use_room`)
+    narrow: bool = False  # `least` is the least-memory plan's bound; fits below it are left to `narrow_least`
 
 
 class Incumbent:
@@ -151,15 +152,25 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
             return MeshResult(mesh, beaten=True)
         return MeshResult(mesh, found, least.objective)
     smallest = found.predicted.bound_bytes
-    if smallest - least.peak_bytes <= _LEAST_GAIN * smallest:
-        # The plan counts (about) what the solver's model counts: a smaller budget would take an answer the
-        # least-memory search did not find, which a solve just below does not look for either; and a solve
-        # at the tightest budget costs the most (HF BERT on 64 ranks, 4x4x4: 23 s, for 256 B at best).
-        return MeshResult(mesh, least=smallest)
-    for _ in range(_LEAST_ROUNDS):  # the same steps as when the budget was reported: re-planning meets it
-        sol = fit(smallest - 1)
-        if sol.status == "beaten":
-            return MeshResult(mesh, beaten=True)
+    # Where the plan counts more than the solver's model for the least-memory answer, a budget a little
+    # below its bound may still fit another answer: `narrow_least` looks, once no mesh has a plan. Where it
+    # counts (about) the same, such an answer would be one the least-memory search did not find, which a
+    # solve just below does not look for either (and a solve at the tightest budget costs the most: HF BERT
+    # on 64 ranks, 4x4x4, 23 s for 256 B at best).
+    return MeshResult(mesh, least=smallest, narrow=smallest - least.peak_bytes > _LEAST_GAIN * smallest)
+
+
+def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
+                 budget: int, smallest: int, *, solver: str, time_limit: float | None = None) -> MeshResult:
+    """A smaller budget that fits `mesh` than `smallest`, the bound of its least-memory plan (`plan_mesh`'s
+    `least` with `narrow`): solves just below it by the plan's account, _LEAST_ROUNDS at most, each answer's
+    bound the next limit; a plan whose bound fits `budget` is the mesh's plan. Run only when no mesh has a
+    plan (the smallest budget is then what the user is told), so the plan returned never depends on it; and
+    re-planning at the budget reported takes these same steps and meets it."""
+    built = build(mesh)
+    account = _PlanAccount(built, assemble)
+    for _ in range(_LEAST_ROUNDS):
+        sol = solve(built.problem, budget=smallest - 1, solver=solver, time_limit=time_limit, account=account)
         if sol.status not in ("optimal", "feasible"):
             break
         q = account.plan(sol)
