@@ -131,6 +131,8 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
             return MeshResult(mesh, beaten=True)
         if sol.status != "infeasible":
             return MeshResult(mesh, error=sol.message or f"solver status {sol.status}")
+        if loosen > 0:  # nothing fit with the loosening (`use_room`): the plan without it is the caller's
+            return MeshResult(mesh)
     # Nothing fits. The least-memory assignment of the solver's model (asked with budget 0, so the
     # answer does not depend on this budget) fits its plan's exact peak; a few fits just below that
     # look for a smaller one, since the plan's accounting sees more than the solver's model.

@@ -462,8 +462,11 @@ class PricedSolve:
                             "minimal)") if least.res.x is not None else LeastMemory(
                                 None, [], [], False, f"least-memory solve failed: {least.res.message}")
         base = dict(seconds=time.perf_counter() - start, solver=resolve_solver(solver), method="priced")
-        return infeasible_or_fallback(ip, found, base, fits="the least-memory assignment (no priced search found "
-                                                           "another that fits)")
+        sol = infeasible_or_fallback(ip, found, base, fits="the least-memory assignment (no priced search found "
+                                                          "another that fits)")
+        if sol.status == "feasible" and np.isfinite(self.best_bound):  # the prices' bound holds for it too
+            sol.raise_bound(self.best_bound, GAP_TOLERANCE)
+        return sol
 
     def _outer(self, only: list[tuple[str, ...]] | None) -> TwoLevel:
         """The column ILP over the blocks that the prices restricted to one of `only` found (every price's

@@ -4,6 +4,8 @@ plus the least max term goes straight to the least-memory columns), and re-plann
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from zoo import build
 
@@ -45,3 +47,4 @@ def test_a_priced_solve_at_the_least_memory_peak_fits() -> None:
     at = solve(problem, budget=least.min_feasible_budget, method="priced")
     assert at.status in ("optimal", "feasible") and at.peak_bytes <= least.min_feasible_budget
     assert at.objective <= least.objective * (1 + 1e-9)  # never slower than the least-memory assignment
+    assert math.isfinite(at.gap) and at.bound <= at.objective * (1 + 1e-9)  # and its gap is known
