@@ -62,6 +62,7 @@ class MeshResult:
     beaten: bool = False  # stopped: a plan found on another mesh is proven faster than any plan here
     peak: int | None = None  # the solver's formulas' peak for the plan's answer (`use_room`)
     narrow: bool = False  # `least` is the least-memory plan's bound; fits below it are left to `narrow_least`
+    least_peak: int | None = None  # with `narrow`: the solver's formulas' peak for that least-memory answer
 
 
 class Incumbent:
@@ -159,7 +160,8 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
     # counts (about) the same, such an answer would be one the least-memory search did not find, which a
     # solve just below does not look for either (and a solve at the tightest budget costs the most: HF BERT
     # on 64 ranks, 4x4x4, 23 s for 256 B at best).
-    return MeshResult(mesh, least=smallest, narrow=smallest - least.peak_bytes > _LEAST_GAIN * smallest)
+    return MeshResult(mesh, least=smallest, narrow=smallest - least.peak_bytes > _LEAST_GAIN * smallest,
+                      least_peak=least.peak_bytes)
 
 
 def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
