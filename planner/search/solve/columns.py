@@ -110,9 +110,6 @@ class PricedSolve:
         self.stats: dict[str, float] = {}
         self.scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)  # seconds per budget byte, at most
         self.tiny = self.scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
-        # ... and a price per second that only breaks ties between equally small choices: not the budget's, so
-        # that the least-memory columns (`_least_columns`) are the same at every budget
-        self.least_tie = 1e-6 / max(ip.time_magnitude(), 1e-30)
         self.least_runs: list[int] = []  # indices into `priced` (and `tables`) of `_least_columns`'s prices
         self.stopped = False  # the user's time limit cut the search or an ILP short
         self._evaluate = FastEvaluator(ip)  # the priced assignments' time and peak, as evaluate_indexed gives them
@@ -256,16 +253,18 @@ class PricedSolve:
         """Price the least-memory blocks of all choices and of each uniform scheme: the least additive bytes
         with a checkpointed block's recomputed bytes priced in full, at 1/M (the mean over M blocks, as one
         block's recompute peak is what counts) and not at all, each also under the transient caps below
-        its minimiser's largest transient."""
+        its minimiser's largest transient. No time is priced, so they are the same at every budget (a price
+        per second to break ties changed which equally small blocks the sweeps keep, and with them the least
+        peak the column ILP mixes: HF BERT on 64 ranks 1,137,728 -> 1,139,104 B)."""
         m = max(len(self.ip.block_nodes), 1)
         for only in [(), *self._groups()]:
             for c in (1.0, 1.0 / m, 0.0):
                 if self._late(deadline):
                     return
-                least = self.evaluate(Price(self.least_tie, 1.0, c, only=only))
+                least = self.evaluate(Price(0.0, 1.0, c, only=only))
                 self.least_runs.append(len(self.priced) - 1)
                 for cap in self._caps(least.choice, _CAPS_TIGHT, only):
-                    self.evaluate(Price(self.least_tie, 1.0, c, cap=cap, only=only))
+                    self.evaluate(Price(0.0, 1.0, c, cap=cap, only=only))
                     self.least_runs.append(len(self.priced) - 1)
 
     def lift(self, sol: Solution, deadline: float) -> None:
