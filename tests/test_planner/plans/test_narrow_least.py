@@ -2,7 +2,7 @@
 budget (`planner.plans.meshes.narrow_least`), run only when no mesh has a plan: the smallest budget is then
 what the user is told, and otherwise it is never used.
 
-gpt-tiny on 8 ranks at 454,288 B (its smallest budget): the (8,) mesh has a plan; on 2x2x2 the plan's
+gpt-tiny on 8 ranks at 454,288 B (about its smallest budget): the (8,) mesh has a plan; on 2x2x2 the plan's
 accounting counts 36,864 B more than the solver's model for the least-memory answer, so that mesh's smallest
 budget is worth narrowing, but not here (the two narrowing solves took 13.5 s of a 24 s plan)."""
 
