@@ -135,8 +135,8 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
         if loosen > 0:  # nothing fit with the loosening (`use_room`): the plan without it is the caller's
             return MeshResult(mesh)
     # Nothing fits. The least-memory assignment of the solver's model (asked with budget 0, so the
-    # answer does not depend on this budget) fits its plan's exact peak; a few fits just below that
-    # look for a smaller one, since the plan's accounting sees more than the solver's model.
+    # answer does not depend on this budget) fits its plan's exact peak; `narrow_least` may look for a
+    # smaller one below that, where the plan's accounting sees more than the solver's model.
     least = solve(built.problem, budget=0, solver=solver, time_limit=time_limit)
     if not least.choice:
         return MeshResult(mesh, least=least.min_feasible_budget)

@@ -112,6 +112,7 @@ class PricedSolve:
         self.scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)  # seconds per budget byte, at most
         self.tiny = self.scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
         self.least_runs: list[int] = []  # indices into `priced` (and `tables`) of `_least_columns`'s prices
+        self._floors: dict[float, float | None] = {}  # `_floor_search` per floor it started from
         self.stopped = False  # the user's time limit cut the search or an ILP short
         self._evaluate = FastEvaluator(ip)  # the priced assignments' time and peak, as evaluate_indexed gives them
 
@@ -149,17 +150,27 @@ class PricedSolve:
                  and (price.c == 0.0 or price.c * m <= price.b * (1 + 1e-12)))
         return price_bound(value, price, self.floor, self.ip) if valid else -np.inf
 
+    def _floor_search(self) -> float | None:
+        """The least max term that an assignment that fits can have, from `floor` up
+        (`priced_bound.max_term_floor`: exact minima of the additive bytes under transient caps); None when
+        that proves that no assignment fits the budget (at a budget below every assignment's peak, after one
+        sweep). Exact at the least budget on HF BERT (2x2x2 and 4x4x4: one byte below the least peak proven
+        infeasible in 0.05 s, where the priced search took 10 s to find nothing). Searched once per floor."""
+        if self.floor not in self._floors:
+            levels = transient_levels(self.ip)
+
+            def least_additive(cap: float) -> float:
+                return self.sweep.minimum(Price(0.0, 1.0, 0.0, cap=cap))
+
+            self._floors[self.floor] = max_term_floor(levels[levels >= self.floor], least_additive, self.ip.budget,
+                                                      _FLOOR_PRICES)
+        return self._floors[self.floor]
+
     def _raise_floor(self) -> bool:
         """Raise `floor` from the least op transient to the least max term that an assignment that fits can
-        have (`priced_bound.max_term_floor`: exact minima of the additive bytes under transient caps), and
-        recompute every priced assignment's bound with it. False when that search proves that no assignment
-        fits the budget."""
-        levels = transient_levels(self.ip)
-
-        def least_additive(cap: float) -> float:
-            return self.sweep.minimum(Price(0.0, 1.0, 0.0, cap=cap))
-
-        found = max_term_floor(levels[levels >= self.floor], least_additive, self.ip.budget, _FLOOR_PRICES)
+        have (`_floor_search`), and recompute every priced assignment's bound with it. False when that search
+        proves that no assignment fits the budget."""
+        found = self._floor_search()
         if found is not None and found > self.floor:
             self.floor = found
             for r in self.priced:
@@ -188,12 +199,10 @@ class PricedSolve:
         (`solve`'s tighten-and-retry loop) prices it only for the answer it keeps."""
         start = time.perf_counter()
         ip = self.ip
-        if self.sweep.minimum(Price(0.0, 1.0, 0.0)) + self.floor > ip.budget:
-            return self._least_only(start, deadline, solver)
         fastest = self.evaluate(Price(1.0, self.tiny))
         if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
             return self._answer(fastest, start, "optimal", 0.0, "", fastest.bound)
-        if fastest.peak > ip.budget and self._proven_infeasible():
+        if fastest.peak > ip.budget and self._floor_search() is None:  # proven: nothing fits
             return self._least_only(start, deadline, solver)
         if self._late(deadline) and self.dominated:
             return self._beaten(start)
@@ -229,22 +238,9 @@ class PricedSolve:
             self.lift(sol, deadline)
         return sol
 
-    def _proven_infeasible(self) -> bool:
-        """Whether the max-term floor search (`_raise_floor`'s, a few least-additive sweeps) proves that no
-        assignment fits the budget; the floor stays where it was (raised later only where the gap asks).
-        Exact at the least budget on HF BERT (2x2x2 and 4x4x4): it proves 1 byte below the least peak
-        infeasible, where the priced search took 10 s to find nothing (4x4x4, 64 ranks)."""
-        floor, bound = self.floor, self.best_bound
-        proven = not self._raise_floor()
-        self.floor, self.best_bound = floor, bound
-        for r in self.priced:
-            r.bound = self._bound(r.price, r.value)
-        return proven
-
     def _least_only(self, start: float, deadline: float, solver: str) -> Solution:
-        """The answer at a budget below the least additive bytes plus the least max term, where nothing fits
-        (planning at 1 byte to learn the smallest budget; `plan_mesh`'s budget-0 solve): no price is
-        searched for time; the columns are the least-memory blocks of all choices and of each uniform scheme,
+        """The answer at a budget the max-term floor search proves that nothing fits (planning at 1 byte to
+        learn the smallest budget; `plan_mesh`'s budget-0 solve): no price is searched for time; the columns are the least-memory blocks of all choices and of each uniform scheme,
         under the transient caps below each one's largest transient, and the least-memory column ILP mixes
         them."""
         self._least_columns(deadline)
@@ -455,11 +451,11 @@ class PricedSolve:
         # Nothing fits among these columns: the least-memory ILP over the least-memory columns (the answer
         # and the least peak a budget-0 solve gives; at that budget, this answer is the one that fits). Over
         # all columns it took 8 s on HF GPT-2's 4x4x4 mesh (27,111 columns) for the same least peak.
-        if not self._late(deadline):
-            self._least_columns(deadline)
-            outer, every = self._outer(None, self.least_runs), None
-        if every is not None:
+        if self._late(deadline):
             outer.points = every  # the least memory may use columns that do not fit: all of the last round's
+        else:
+            self._least_columns(deadline)
+            outer = self._outer(None, self.least_runs)
         return self._least_memory(outer, start, solver, deadline)
 
     def _least_memory(self, outer: TwoLevel, start: float, solver: str, deadline: float) -> Solution:
