@@ -35,6 +35,7 @@ from planner.plans.assemble import solver_info
 from planner.plans.format import Plan
 from planner.search.build import BuiltProblem, SchemeUnavailable
 from planner.search.solve import Progress, Solution, solve
+from planner.search.solve.min_budget import SolveMemo
 
 __all__ = ["Incumbent", "MeshResult", "WorkerTraceback", "narrow_least", "plan_mesh", "plan_meshes", "use_room"]
 
@@ -115,10 +116,11 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
     except SchemeUnavailable as e:
         return MeshResult(mesh, unavailable=str(e))
     account = _PlanAccount(built, assemble)
+    memo = SolveMemo(built.problem)  # the least-memory answer, found once for every solve below
 
     def fit(cap: int, loosen: int = 0) -> Solution:
         return solve(built.problem, budget=cap, solver=solver, time_limit=time_limit, account=account,
-                     loosen=loosen, beaten=beaten)
+                     loosen=loosen, beaten=beaten, memo=memo)
 
     # Model states count whatever the assignment: a budget below their least sum (planning at 1 byte to
     # learn the smallest budget) goes straight to the least-memory search instead of a solve that only
@@ -137,7 +139,7 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
     # Nothing fits. The least-memory assignment of the solver's model (asked with budget 0, so the
     # answer does not depend on this budget) fits its plan's exact peak; `narrow_least` may look for a
     # smaller one below that, where the plan's accounting sees more than the solver's model.
-    least = solve(built.problem, budget=0, solver=solver, time_limit=time_limit)
+    least = solve(built.problem, budget=0, solver=solver, time_limit=time_limit, memo=memo)
     if not least.choice:
         return MeshResult(mesh, least=least.min_feasible_budget)
     least.status, least.message, least.gap = "feasible", "the least-memory assignment", float("nan")
@@ -173,8 +175,10 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
     re-planning at the budget reported takes these same steps and meets it."""
     built = build(mesh)
     account = _PlanAccount(built, assemble)
+    memo = SolveMemo(built.problem)
     for _ in range(_LEAST_ROUNDS):
-        sol = solve(built.problem, budget=smallest - 1, solver=solver, time_limit=time_limit, account=account)
+        sol = solve(built.problem, budget=smallest - 1, solver=solver, time_limit=time_limit, account=account,
+                    memo=memo)
         if sol.status not in ("optimal", "feasible"):
             break
         q = account.plan(sol)

@@ -28,6 +28,7 @@ from planner.search.solve.frontier import FrontierTooLarge
 from planner.search.solve.ilp import build_flat, flat_size
 from planner.search.solve.indexed import IndexedProblem, ProblemError, fold_fixed_edges, fold_shared_inputs
 from planner.search.solve.milp import Progress, SolverError, resolve_solver
+from planner.search.solve.min_budget import SolveMemo
 from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, SharedInput, Solution
 from planner.search.solve.two_level import TwoLevel
 
@@ -74,7 +75,7 @@ def _flat_starts(ip: IndexedProblem) -> dict[str, tuple[list[int], list[int]] | 
 
 def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs", time_limit: float | None = None,
           method: str = "auto", progress: bool = False, account: Callable[[Solution], int] | None = None,
-          loosen: int = 0, beaten: Callable[[float], bool] | None = None) -> Solution:
+          loosen: int = 0, beaten: Callable[[float], bool] | None = None, memo: SolveMemo | None = None) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
@@ -104,6 +105,9 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         `bound` seconds. The priced search stops as soon as its lower bound is beaten, with status "beaten"
         and no assignment: its answer would have been slower than that one anyway, so a caller that keeps
         the fastest answer keeps the same one, whenever the other answer arrived.
+    memo: a `SolveMemo` of `problem` that earlier solves of it filled (what they found that does not
+        depend on the budget: the priced search's least-memory answer), shared by this solve's rounds;
+        a caller solving one problem at several budgets passes the same one to each (`plan_mesh`).
 
     A round's lower bound holds for every later round (their budgets are tighter), so the answer's bound is
     the best of all rounds; the priced search's most expensive bound (by ranges of max-term levels) runs
@@ -122,13 +126,15 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     deadline = float("inf") if time_limit is None else start + time_limit
     budget = int(problem.budget_bytes if budget is None else budget)
     measure = account if account is not None else (lambda s: s.peak_bytes)
+    if memo is None or memo.problem is not problem:
+        memo = SolveMemo(problem)
     shrink = -int(loosen)
     proven = -math.inf  # the best lower bound of the rounds so far (they hold for every tighter budget)
     lift: Callable[[Solution], None] | None = None
     for _ in range(FIT_ROUNDS):
         if beaten is not None and beaten(proven):
             return Solution.beaten_by_elsewhere(proven, time.perf_counter() - start)
-        sol, lift = _solve_at(problem, budget - shrink, name, deadline, method, progress, beaten)
+        sol, lift = _solve_at(problem, budget - shrink, name, deadline, method, progress, memo, beaten)
         if sol.status == "beaten":
             lift = None
             break
@@ -150,12 +156,12 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
             # (the caller's: `use_room` keeps its plan, `plan_mesh` its least-memory plan). HF BERT, 8 ranks,
             # 1.25x its smallest budget: use_room 9.2 -> 5.0 s, same plan.
             if budget - shrink < 0 or (loosen > 0 and shrink >= 0):
-                sol, lift = _unfit(problem, budget, shrink, account, name, deadline, method, progress), None
+                sol, lift = _unfit(problem, budget, shrink, account, name, deadline, method, progress, memo), None
                 break
         else:
             break
     else:
-        sol, lift = _unfit(problem, budget, shrink, account, name, deadline, method, progress), None
+        sol, lift = _unfit(problem, budget, shrink, account, name, deadline, method, progress, memo), None
     if sol.status in ("optimal", "feasible"):
         sol.raise_bound(proven, GAP_TOLERANCE)
         if lift is not None:
@@ -178,18 +184,18 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
 
 
 def _unfit(problem: Problem, budget: int, shrink: int, account: Callable[[Solution], int] | None, name: str,
-           deadline: float, method: str, progress: bool) -> Solution:
+           deadline: float, method: str, progress: bool, memo: SolveMemo) -> Solution:
     """The answer when no round's answer fits: without an account, the least-memory assignment (status
     "infeasible", or "feasible" where it fits); with one, "infeasible" and no assignment: the caller knows
     what its account adds and searches for the least budget itself (`plan_mesh`)."""
     if account is None:
-        return _solve_at(problem, 0, name, deadline, method, progress)[0]
+        return _solve_at(problem, 0, name, deadline, method, progress, memo)[0]
     return Solution(status="infeasible", message=(
         f"no answer fit the budget of {budget} B by the account after tightening the solver's budget by {shrink} B"))
 
 
 def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method: str, progress: bool,
-              beaten: Callable[[float], bool] | None = None) -> tuple[Solution, Callable[[Solution], None] | None]:
+              memo: SolveMemo, beaten: Callable[[float], bool] | None = None) -> tuple[Solution, Callable[[Solution], None] | None]:
     """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
     and for a priced answer the bound search left for the answer `solve` keeps (`PricedSolve.lift`)."""
     exact = IndexedProblem(problem, budget)
@@ -204,7 +210,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
         sol, lift = None, None
         if chosen == "priced":
             try:
-                search = PricedSolve(ip, dec or decompose(ip), beaten)
+                search = PricedSolve(ip, dec or decompose(ip), beaten, memo)
                 sol = search.solve(name, deadline, lift=False)
                 lift = functools.partial(search.lift, deadline=deadline)
             except NotDecomposable as err:

@@ -43,7 +43,7 @@ from planner.search.solve.evaluate import FastEvaluator, evaluate_indexed
 from planner.search.solve.frontier import FrontierPoint, undominated
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import resolve_solver
-from planner.search.solve.min_budget import LeastMemory
+from planner.search.solve.min_budget import LeastMemory, SolveMemo
 from planner.search.solve.price_sweep import PriceSweep
 from planner.search.solve.priced_bound import (
     banded_bound,
@@ -96,10 +96,12 @@ class PricedSolve:
     """The priced search and the column ILP for one decomposable problem (see the module docstring)."""
 
     def __init__(self, ip: IndexedProblem, dec: Decomposition,
-                 beaten: Callable[[float], bool] | None = None) -> None:
+                 beaten: Callable[[float], bool] | None = None, memo: SolveMemo | None = None) -> None:
         """beaten(bound): whether an answer found elsewhere (another mesh's plan) is faster than `bound`
-        seconds; once the best lower bound here is beaten the search stops (status "beaten")."""
+        seconds; once the best lower bound here is beaten the search stops (status "beaten"). memo: the
+        least-memory answer of an earlier solve of `ip.problem`, and where this one's goes."""
         self.ip, self.dec = ip, dec
+        self.memo = memo if memo is not None and memo.problem is ip.problem else SolveMemo(ip.problem)
         self.beaten = beaten
         self.dominated = False  # the best lower bound here is beaten (see __init__)
         self.best_bound = -np.inf  # the best lower bound any priced minimum proved so far
@@ -243,8 +245,7 @@ class PricedSolve:
         learn the smallest budget; `plan_mesh`'s budget-0 solve): no price is searched for time; the columns are the least-memory blocks of all choices and of each uniform scheme,
         under the transient caps below each one's largest transient, and the least-memory column ILP mixes
         them."""
-        self._least_columns(deadline)
-        return self._least_memory(self._outer(None, self.least_runs), start, solver, deadline)
+        return self._least_memory(start, solver, deadline)
 
     def _least_columns(self, deadline: float) -> None:
         """Price the least-memory blocks of all choices and of each uniform scheme: the least additive bytes
@@ -453,20 +454,30 @@ class PricedSolve:
         # all columns it took 8 s on HF GPT-2's 4x4x4 mesh (27,111 columns) for the same least peak.
         if self._late(deadline):
             outer.points = every  # the least memory may use columns that do not fit: all of the last round's
-        else:
-            self._least_columns(deadline)
-            outer = self._outer(None, self.least_runs)
-        return self._least_memory(outer, start, solver, deadline)
+            return self._least_memory(start, solver, deadline, outer)
+        return self._least_memory(start, solver, deadline)
 
-    def _least_memory(self, outer: TwoLevel, start: float, solver: str, deadline: float) -> Solution:
-        """"infeasible" with the least peak the column ILP finds over `outer`'s columns (an upper bound on
-        the smallest budget), or that assignment as "feasible" where it fits."""
+    def _least_memory(self, start: float, solver: str, deadline: float, outer: TwoLevel | None = None) -> Solution:
+        """"infeasible" with the least peak the column ILP finds (an upper bound on the smallest budget), or
+        that assignment as "feasible" where it fits. Its columns are `outer`'s, or by default the
+        least-memory blocks (`_least_columns`): then the answer does not depend on the budget, and an
+        earlier solve of this problem may have found it already (`memo`)."""
         ip = self.ip
-        least = outer.outer("memory", solver, deadline)
-        found = LeastMemory(int(least.value), least.choice, least.ckpt, False,
-                            "smallest feasible budget found by the priced search (an upper bound; not proven "
-                            "minimal)") if least.res.x is not None else LeastMemory(
-                                None, [], [], False, f"least-memory solve failed: {least.res.message}")
+        own = outer is None  # the least-memory columns: an answer independent of the budget ...
+        # ... given the shared inputs this view folded (`fold_shared_inputs`, which the budget decides)
+        key = (solver, tuple(v for v, _, _ in ip.shared))
+        found = self.memo.least.get(key) if own else None
+        if found is None:
+            if own:
+                self._least_columns(deadline)
+                outer = self._outer(None, self.least_runs)
+            least = outer.outer("memory", solver, deadline)
+            found = LeastMemory(int(least.value), least.choice, least.ckpt, False,
+                                "smallest feasible budget found by the priced search (an upper bound; not proven "
+                                "minimal)") if least.res.x is not None else LeastMemory(
+                                    None, [], [], False, f"least-memory solve failed: {least.res.message}")
+            if own and not self._late(deadline) and least.res.x is not None:
+                self.memo.least[key] = found
         base = dict(seconds=time.perf_counter() - start, solver=resolve_solver(solver), method="priced")
         sol = infeasible_or_fallback(ip, found, base, fits="the least-memory assignment (no priced search found "
                                                           "another that fits)")

@@ -306,9 +306,12 @@ def fold_shared_inputs(ip: IndexedProblem) -> int:
     them from `ip.shared`. The answers that fit and their peaks stay the same, and the priced search, whose
     per-block prices cannot see a term shared by blocks, then sees them too (its bounds stay valid and
     tighten). The proof is a lower bound of the least peak with nothing checkpointed above the budget: each
-    node's least state and saved bytes, plus `_least_max_term`. Changes `ip` in place: call
+    node's least state and saved bytes, plus `_least_max_term`. At budget 0 (the least-memory search) it
+    folds too, so that the least-memory answer is one at every budget that folds (`SolveMemo` keeps it for
+    them); an assignment with nothing checkpointed is then counted with those inputs (an upper bound of its
+    peak, measured exactly after). Changes `ip` in place: call
     it on the solver's own view, with `saved` and `shared` copied. Returns how many it folded."""
-    if not ip.shared or not ip.checkpointing or ip.budget <= 0:
+    if not ip.shared or not ip.checkpointing:
         return 0
     every = frozenset(range(len(ip.block_nodes)))
     folding = [k for k, (v, _, blocks) in enumerate(ip.shared) if ip.block_of[v] < 0 and blocks == every]

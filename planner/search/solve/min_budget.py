@@ -18,7 +18,7 @@ from planner.search.solve.ilp import BuiltModel
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import WORK_LIMIT, solve_milp
 
-__all__ = ["LeastMemory", "least_memory"]
+__all__ = ["LeastMemory", "SolveMemo", "least_memory"]
 
 Build = Callable[[str, "int | None"], BuiltModel]
 _STEPS = 8  # "one byte less" re-solves at most
@@ -33,6 +33,18 @@ class LeastMemory:
     checkpointed: list[int]
     proven: bool
     message: str = ""
+
+
+class SolveMemo:
+    """What solves of one problem find that does not depend on the budget, kept for the next solve of the
+    same problem (`solve`'s tighten-and-retry rounds, and `plan_mesh`'s solves of one mesh): the priced
+    search's least-memory answer, per solver and per set of shared inputs the solver's view left unfolded.
+    Computed once, the same as it would be each time; only answers no time limit or other mesh's plan cut
+    short are kept."""
+
+    def __init__(self, problem: object) -> None:
+        self.problem = problem  # the `Problem` these answers are of
+        self.least: dict[tuple[str, tuple[int, ...]], LeastMemory] = {}
 
 
 def least_memory(ip: IndexedProblem, build: Build, *, solver: str, deadline: float,

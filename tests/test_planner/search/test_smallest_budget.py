@@ -14,6 +14,7 @@ from cost_models.mesh import candidate_meshes
 from planner import InfeasibleError, plan
 from planner.search.build import build_problem
 from planner.search.solve import solve
+from planner.search.solve.min_budget import SolveMemo
 from planner.trace.tracer import capture
 
 MESH = candidate_meshes(8, 8)[-1]  # 2x2x2: the most strategies per op
@@ -48,3 +49,21 @@ def test_a_priced_solve_at_the_least_memory_peak_fits() -> None:
     assert at.status in ("optimal", "feasible") and at.peak_bytes <= least.min_feasible_budget
     assert at.objective <= least.objective * (1 + 1e-9)  # never slower than the least-memory assignment
     assert math.isfinite(at.gap) and at.bound <= at.objective * (1 + 1e-9)  # and its gap is known
+
+
+def test_a_memo_answers_later_solves_with_the_same_least_memory_assignment() -> None:
+    """The least-memory answer does not depend on the budget: found once by a solve where nothing fits, a
+    later budget-0 solve of the same problem given the memo answers with it, and it is the answer a fresh
+    budget-0 solve finds (HF LLaMA: its rotary tables and mask are shared inputs, folded at both budgets)."""
+    graph = _graph("hf-llama")
+    hw = load_profile("a100-80gb")
+    problem = build_problem(graph, MESH, hw, 1, device=hw.device, bytes_per_param=16, schemes=None).problem
+    fresh = solve(problem, budget=0, method="priced")
+    memo = SolveMemo(problem)
+    tight = solve(problem, budget=fresh.min_feasible_budget - 1, method="priced", memo=memo)
+    assert tight.status == "infeasible" and len(memo.least) == 1
+    found = next(iter(memo.least.values()))
+    again = solve(problem, budget=0, method="priced", memo=memo)
+    assert list(memo.least.values()) == [found] and next(iter(memo.least.values())) is found  # served from it
+    assert (again.choice, again.checkpointed, again.min_feasible_budget, again.peak_bytes) == \
+        (fresh.choice, fresh.checkpointed, fresh.min_feasible_budget, fresh.peak_bytes)
