@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.search.solve.decompose import Decomposition, Segment
-from planner.search.solve.frontier import BlockShape, Prune, SweepPlan, plan_sweep
+from planner.search.solve.frontier import BlockShape, FrontierTooLarge, Prune, SweepPlan, plan_sweep
 from planner.search.solve.indexed import IndexedProblem
 
 __all__ = ["Weights", "LagrangeBound", "best_multiplier"]
@@ -40,6 +40,10 @@ S_BUCKETS = 256  # most recomputed-byte buckets per checkpointed class
 T_STEPS = 256  # evenly spaced max-term values added to the bucket grid
 _FINE_CELLS = 4_000_000  # target size of one DP tensor for the exact bound
 _COARSE_CELLS = 500_000  # ... and for the multiplier search
+# ... which cannot shrink below the block's widest sweep state x port choices x 4 levels: past this many
+# numbers (8 bytes each) the bound is refused (`FrontierTooLarge`) instead of allocated. HF LLaMA's layer
+# on 2x2x2 needs 2.2e9 (17.5 GiB per tensor; the process was killed for memory).
+_MAX_CELLS = 50_000_000
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,14 @@ class _ClassGrid:
 
     def __init__(self, shape: BlockShape, checkpointing: bool, grid: np.ndarray, coarse: bool = False) -> None:
         self.shape, self.plan, self.ckpt = shape, plan_sweep(shape), checkpointing
-        room = max(1, (_COARSE_CELLS if coarse else _FINE_CELLS) // (_widest(shape, self.plan) * shape.port_size))
+        widest = _widest(shape, self.plan) * shape.port_size
+        if widest * 8 > _MAX_CELLS:  # the fewest levels and buckets a grid keeps
+            raise FrontierTooLarge(
+                f"the block's Lagrangian bound needs over {widest * 8:,} numbers per DP tensor ({widest:,} choice "
+                f"combinations held at once x levels; at most {_MAX_CELLS:,}): too many of its ops' choices stay "
+                "live together for the two-level solve; use method='priced' (the default for repeated blocks) "
+                "or 'flat'")
+        room = max(1, (_COARSE_CELLS if coarse else _FINE_CELLS) // widest)
         levels = np.unique(np.concatenate(shape.transient)).astype(float)
         keep = max(4, min(room, 12 if coarse else len(levels)))
         if keep < len(levels):

@@ -9,7 +9,7 @@ from synthetic_problems import repeated_blocks
 
 from planner.search.solve import Block, Choice, NotDecomposable, Problem, ProblemEdge, ProblemNode, brute_force, solve
 from planner.search.solve.decompose import decompose
-from planner.search.solve.frontier import block_frontier, pareto_mask
+from planner.search.solve.frontier import FrontierTooLarge, block_frontier, pareto_mask
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.two_level import _trail
 
@@ -147,3 +147,37 @@ def test_auto_picks_priced_for_many_identical_blocks() -> None:
     assert sol.peak_bytes <= problem.budget_bytes
     assert exact.objective * (1 - 1e-9) <= sol.objective and sol.objective * (1 - sol.gap) <= exact.objective * (1 + 1e-9)
     assert solve(repeated_blocks(np.random.default_rng(11), n_blocks=2, block_nodes=3, choices=2)).method == "flat"
+
+
+def _wide_blocks(fan: int = 5, choices: int = 30) -> Problem:
+    """embed -> 2 identical blocks -> head, each block a fan: its first op feeds `fan` ops that all feed its
+    last, so all `fan` stay live together while the block is swept (choices**fan combinations at once)."""
+    rng = np.random.default_rng(5)
+    def options() -> list[Choice]:
+        return [Choice(float(t), 0.1 * float(t), 100, int(b), int(b) // 2)
+                for t, b in zip(rng.uniform(1e-3, 2e-3, choices), rng.integers(100, 1000, choices))]
+    costs = [options() for _ in range(fan + 2)]
+    nodes, edges, blocks, prev = [ProblemNode("embed", options())], [], [], "embed"
+    for k in range(2):
+        names = [f"L{k}.op{i}" for i in range(fan + 2)]
+        nodes += [ProblemNode(name, list(costs[i]), block=f"L{k}") for i, name in enumerate(names)]
+        edges.append(ProblemEdge(prev, names[0], np.zeros((choices, choices)), np.zeros((choices, choices))))
+        for i in range(1, fan + 1):
+            edges.append(ProblemEdge(names[0], names[i], np.full((choices, choices), 1e-4), np.zeros((choices, choices))))
+            edges.append(ProblemEdge(names[i], names[-1], np.full((choices, choices), 1e-4), np.zeros((choices, choices))))
+        blocks.append(Block(f"L{k}", names, prev, [100] * choices, cls="layer"))
+        prev = names[-1]
+    nodes.append(ProblemNode("head", options()))
+    edges.append(ProblemEdge(prev, "head", np.zeros((choices, choices)), np.zeros((choices, choices))))
+    return Problem(nodes, edges, blocks, 10**9)
+
+
+def test_too_wide_a_block_is_refused_with_a_clear_error_not_allocated() -> None:
+    """The Lagrangian bound's DP tensors span every choice combination held live at once (30**5 x port x
+    levels here: terabytes); the two-level solve refuses such a block (HF LLaMA's layer on 2x2x2 was killed
+    for memory) and names the way out, and the default solve of the same problem still answers."""
+    problem = _wide_blocks()
+    with pytest.raises(FrontierTooLarge, match="method='priced'"):
+        solve(problem, budget=20_000, method="two_level")
+    sol = solve(problem, budget=20_000)
+    assert sol.status in ("optimal", "feasible") and sol.peak_bytes <= 20_000
