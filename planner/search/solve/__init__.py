@@ -100,7 +100,9 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     loosen: bytes by which the first round's budget exceeds `budget`, where the formulas are known to
         count more than `account` (a checkpointed block's recompute peak is an upper bound there). The
         rounds end once tightening has used the loosening up (a solve without it is the caller's).
-        With an account, an answer that no round fits comes back "infeasible" without an assignment.
+        Negative: the first round is tightened by that much, where the account is known to count more
+        than the formulas (`narrow_least`). With an account, an answer that no round fits comes back
+        "infeasible" without an assignment.
     beaten: beaten(bound) says whether an answer found elsewhere (another mesh's plan) is faster than
         `bound` seconds. The priced search stops as soon as its lower bound is beaten, with status "beaten"
         and no assignment: its answer would have been slower than that one anyway, so a caller that keeps
