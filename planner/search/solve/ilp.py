@@ -29,7 +29,7 @@ import numpy as np
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import MilpModel
 
-__all__ = ["ONE", "LinExpr", "IlpBuilder", "BuiltModel", "build_flat", "flat_size"]
+__all__ = ["ONE", "LinExpr", "IlpBuilder", "BuiltModel", "build_flat", "flat_pairs", "flat_size"]
 
 ONE = -1  # an indicator entry that is the constant 1 rather than a variable
 
@@ -284,3 +284,9 @@ def flat_size(ip: IndexedProblem) -> int:
     """The number of integer (node and checkpoint) variables the flat ILP would have."""
     nodes = sum(n for n in ip.sizes if n > 1)
     return nodes + (len(ip.block_nodes) if ip.checkpointing else 0)
+
+
+def flat_pairs(ip: IndexedProblem) -> int:
+    """A cheap measure of the flat ILP's size before building it: its one-hot variables plus the pair
+    variables its edges could need (it has about 3x as many variables: checkpointed copies and rows)."""
+    return sum(ip.sizes) + sum(ip.sizes[e.src] * ip.sizes[e.dst] for e in ip.edges)
