@@ -48,10 +48,12 @@ METHODS = ("auto", "flat", "priced", "two_level")
 AUTO_FLAT_LIMIT = 50
 # With method "auto", a priced answer not proven within EXACT_GAP of optimal is handed to the flat ILP (exact,
 # work-limited) as its start where that ILP is small (`flat_pairs` at most EXACT_FLAT_PAIRS): the built-in mlp on 2x2x2 at 4x
-# its smallest budget, priced 0.0893 ms with a 36 % gap, is 0.0859 ms proven optimal in 2.3 s; HF BERT's
+# its smallest budget, priced 0.0893 ms with a 36 % gap, becomes the optimum 0.0859 ms (gap 22 %); HF BERT's
 # (8,) mesh and gpt-tiny's 8x8 qualify, the tiny HF models' 2x2x2 (15-18k; 5-9 s each) do not.
 EXACT_GAP = 0.01
 EXACT_FLAT_PAIRS = 8_000
+EXACT_WORK = 500_000  # ... with an eighth of the flat ILP's usual work (milp.WORK_LIMIT): a start it cannot
+# improve soon is kept (HF LLaMA's (8,) mesh at 1.25x, 20k nonzeros: 10 s at the usual work, 1.9 s now)
 # solves at most per call: the budget, then tightened by what an answer was found to take beyond it
 FIT_ROUNDS = 4
 # progress=True shows a line only for solves longer than this (seconds)
@@ -222,7 +224,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
                 search = PricedSolve(ip, dec or decompose(ip), beaten, memo)
                 sol = search.solve(name, deadline, lift=False)
                 if method == "auto":
-                    sol = _exact_if_small(ip, sol, name, deadline)
+                    sol = _exact_if_small(ip, sol, name, deadline, beaten)
                 lift = functools.partial(search.lift, deadline=deadline)
             except NotDecomposable as err:
                 if method == "priced":
@@ -244,15 +246,19 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
     return sol, lift
 
 
-def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: float) -> Solution:
+def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: float,
+                    beaten: Callable[[float], bool] | None) -> Solution:
     """`sol`, a priced answer, or where it is not proven within EXACT_GAP and the flat ILP is small, the flat
-    ILP's answer from it (a MIP start: never worse), with the better of the two lower bounds."""
+    ILP's answer from it (a MIP start: never worse), with the better of the two lower bounds. Not where an
+    answer found elsewhere beats its lower bound already (`solve`'s `beaten`): no answer here could win."""
     unproven = sol.status == "feasible" and not sol.gap <= EXACT_GAP  # a NaN gap: no bound at all
     if not unproven or not sol.choice or flat_pairs(ip) > EXACT_FLAT_PAIRS:
         return sol
+    if beaten is not None and math.isfinite(sol.bound) and beaten(sol.bound):
+        return sol
     start = ([sol.choice[n] for n in ip.names], [ip.block_index(b) for b in sol.checkpointed])
     flat = solve_built(ip, lambda mode, budget: build_flat(ip, mode, budget), solver=name, deadline=deadline,
-                       method="flat", initial=start)
+                       method="flat", initial=start, work_limit=EXACT_WORK)
     if flat.status not in ("optimal", "feasible") or flat.peak_bytes > ip.budget:
         return sol
     if flat.objective < sol.objective:
