@@ -141,7 +141,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         memo = SolveMemo(problem)
     shrink = -int(loosen)
     proven = -math.inf  # the best lower bound of the rounds so far (they hold for every tighter budget)
-    lift: Callable[[Solution], None] | None = None
+    lift: Callable[[Solution], Solution | None] | None = None
     for _ in range(FIT_ROUNDS):
         if beaten is not None and beaten(proven):
             return Solution.beaten_by_elsewhere(proven, time.perf_counter() - start)
@@ -176,7 +176,11 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     if sol.status in ("optimal", "feasible"):
         sol.raise_bound(proven, GAP_TOLERANCE)
         if lift is not None:
-            lift(sol)
+            # the flat ILP's answer from the priced one, where that is small (method "auto"), is kept where
+            # the account fits it too: once per solve, for its answer, not for every round's
+            better = lift(sol)
+            if better is not None and better is not sol and measure(better) <= budget:
+                sol = better
     if shrink > 0 and sol.status in ("optimal", "feasible"):
         sol.message = "; ".join(m for m in (sol.message, f"budget tightened by {shrink} B for what the "
                                                            "answer takes beyond the solver's model") if m)
@@ -206,9 +210,11 @@ def _unfit(problem: Problem, budget: int, shrink: int, account: Callable[[Soluti
 
 
 def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method: str, progress: bool,
-              memo: SolveMemo, beaten: Callable[[float], bool] | None = None) -> tuple[Solution, Callable[[Solution], None] | None]:
+              memo: SolveMemo, beaten: Callable[[float], bool] | None = None
+              ) -> tuple[Solution, Callable[[Solution], Solution | None] | None]:
     """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
-    and for a priced answer the bound search left for the answer `solve` keeps (`PricedSolve.lift`)."""
+    and for a priced answer what is left for the answer `solve` keeps: the bound search (`PricedSolve.lift`)
+    and, with method "auto", the flat ILP from it where that is small (`_lift_and_refine`)."""
     exact = IndexedProblem(problem, budget)
     ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
     ip.time, ip.recompute, ip.transient, ip.edges = (list(exact.time), list(exact.recompute),
@@ -223,9 +229,9 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
             try:
                 search = PricedSolve(ip, dec or decompose(ip), beaten, memo)
                 sol = search.solve(name, deadline, lift=False)
-                if method == "auto":
-                    sol = _exact_if_small(ip, sol, name, deadline, beaten)
                 lift = functools.partial(search.lift, deadline=deadline)
+                if method == "auto":
+                    lift = functools.partial(_lift_and_refine, lift, ip, exact, name, deadline, beaten)
             except NotDecomposable as err:
                 if method == "priced":
                     raise
@@ -244,6 +250,19 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
         vec = [sol.choice[name] for name in exact.names]
         sol.objective, sol.peak_bytes, _ = evaluate_indexed(exact, vec, [exact.block_index(b) for b in sol.checkpointed])
     return sol, lift
+
+
+def _lift_and_refine(lift: Callable[[Solution], None], ip: IndexedProblem, exact: IndexedProblem, name: str,
+                     deadline: float, beaten: Callable[[float], bool] | None, sol: Solution) -> Solution:
+    """For the answer `solve` keeps of a priced round under method "auto": its bound lifted (`lift`), then
+    the flat ILP's answer from it where that is small (`_exact_if_small`), its figures those of the problem
+    as given (`exact`)."""
+    lift(sol)
+    better = _exact_if_small(ip, sol, name, deadline, beaten)
+    if better is not sol:
+        vec = [better.choice[n] for n in exact.names]
+        better.objective, better.peak_bytes, _ = evaluate_indexed(exact, vec, [exact.block_index(b) for b in better.checkpointed])
+    return better
 
 
 def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: float,
