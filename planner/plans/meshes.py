@@ -238,13 +238,14 @@ def plan_meshes(meshes: list[Mesh], job: Job, *, time_limit: float | None = None
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = min(len(meshes), workers)
     incumbent = Incumbent()
-    if workers <= 1:
+    order = sorted(range(len(meshes)), key=lambda i: _cost_rank(meshes[i]))
+    if workers <= 1:  # biggest first here too: the smaller meshes' searches then stop once beaten
         with Progress(progress, f"planner: planning {len(meshes)} mesh shape(s)"):
-            return [_run(job, m, incumbent) for m in meshes]
+            done = {i: _run(job, meshes[i], incumbent) for i in order}
+            return [done[i] for i in range(len(meshes))]
     ctx = mp.get_context("fork")
     deadline_s = (float("inf") if time_limit is None
                   else (_LEAST_ROUNDS + 3) * (time_limit + _GRACE_S))  # solve() calls per mesh at most
-    order = sorted(range(len(meshes)), key=lambda i: _cost_rank(meshes[i]))
     results: dict[int, MeshResult] = {}
     running: dict[int, tuple[mp.Process, object, float]] = {}
     with Progress(progress, f"planner: planning {len(meshes)} mesh shapes in {workers} processes"):
