@@ -182,7 +182,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     # is below the smallest budget found: the others' plans would take more than it by the solver's count
     # (HF GPT-2 on 64 ranks: 4x4x4's 413,988 B leaves (64,) and 8x8 unnarrowed, whose least-memory answers
     # the solver counts at 708,416 and 643,904 B; the smallest-budget search 15.8 -> 5.1 s), each below the
-    # smallest found, not its own (gpt-tiny on 8 ranks: 13.9 -> 5.3 s, the same smallest budget)
+    # smallest found, not its own (gpt-tiny on 8 ranks: 13.2 -> 8.9 s CPU, the same smallest budget)
     smallest = min((r.least for r in results if r.least is not None), default=None)
     narrow = {r.mesh: r.least for r in results if r.narrow and r.least_peak < smallest}
     if best is None and narrow:

@@ -175,8 +175,8 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
     it). Solves just below the lower of the two by the plan's account, _LEAST_ROUNDS at most, each answer's
     bound the next limit; a plan whose bound fits `budget` is the mesh's plan. Run only when no mesh has a
     plan, so the plan returned never depends on it; and re-planning at the budget reported takes these same
-    steps and meets it. (gpt-tiny on 8 ranks: 2x4 narrowed from its own 477,712 B to 462,336 B in 19 s,
-    where (8,)'s least-memory plan took 453,392 B.)"""
+    steps and meets it. (gpt-tiny on 8 ranks: 2x4 narrowed from its own 477,712 B to 462,336 B in four
+    solves, where (8,)'s least-memory plan took 453,392 B.)"""
     built = build(mesh)
     account = _PlanAccount(built, assemble)
     memo = SolveMemo(built.problem)

@@ -246,10 +246,16 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
         if sol is None:
             sol = solve_built(ip, lambda mode, budget: build_flat(ip, mode, budget), solver=name,
                               deadline=deadline, method="flat", **_flat_starts(ip))
-    if sol.choice:  # the figures of the problem as given (folding reorders float sums in the last bits)
+    return _as_given(exact, sol), lift
+
+
+def _as_given(exact: IndexedProblem, sol: Solution) -> Solution:
+    """`sol` with its objective and peak those of the problem as given (`exact`, unfolded): folding reorders
+    float sums in the last bits."""
+    if sol.choice:
         vec = [sol.choice[name] for name in exact.names]
         sol.objective, sol.peak_bytes, _ = evaluate_indexed(exact, vec, [exact.block_index(b) for b in sol.checkpointed])
-    return sol, lift
+    return sol
 
 
 def _lift_and_refine(lift: Callable[[Solution], None], ip: IndexedProblem, exact: IndexedProblem, name: str,
@@ -259,10 +265,7 @@ def _lift_and_refine(lift: Callable[[Solution], None], ip: IndexedProblem, exact
     as given (`exact`)."""
     lift(sol)
     better = _exact_if_small(ip, sol, name, deadline, beaten)
-    if better is not sol:
-        vec = [better.choice[n] for n in exact.names]
-        better.objective, better.peak_bytes, _ = evaluate_indexed(exact, vec, [exact.block_index(b) for b in better.checkpointed])
-    return better
+    return better if better is sol else _as_given(exact, better)
 
 
 def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: float,

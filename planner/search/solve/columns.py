@@ -204,8 +204,10 @@ class PricedSolve:
         fastest = self.evaluate(Price(1.0, self.tiny))
         if fastest.peak <= ip.budget and fastest.time_s - fastest.bound <= GAP_TOLERANCE * fastest.time_s:
             return self._answer(fastest, start, "optimal", 0.0, "", fastest.bound)
-        if fastest.peak > ip.budget and self._floor_search() is None:  # proven: nothing fits
-            return self._least_only(start, deadline, solver)
+        if fastest.peak > ip.budget and self._floor_search() is None:
+            # proven: nothing fits (planning at 1 byte to learn the smallest budget; `plan_mesh`'s budget-0
+            # solve): no price is searched for time, only the least-memory answer
+            return self._least_memory(start, solver, deadline)
         if self._late(deadline) and self.dominated:
             return self._beaten(start)
         mu0 = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
@@ -239,13 +241,6 @@ class PricedSolve:
         if lift:
             self.lift(sol, deadline)
         return sol
-
-    def _least_only(self, start: float, deadline: float, solver: str) -> Solution:
-        """The answer at a budget the max-term floor search proves that nothing fits (planning at 1 byte to
-        learn the smallest budget; `plan_mesh`'s budget-0 solve): no price is searched for time; the columns are the least-memory blocks of all choices and of each uniform scheme,
-        under the transient caps below each one's largest transient, and the least-memory column ILP mixes
-        them."""
-        return self._least_memory(start, solver, deadline)
 
     def _least_columns(self, deadline: float) -> None:
         """Price the least-memory blocks of all choices and of each uniform scheme: the least additive bytes
