@@ -70,28 +70,30 @@ def _flat(graph, mesh, budget: int, cap: float) -> tuple[float | None, float | N
 
 
 def quality(names: list[str], ranks: list[int], flat_cap: float) -> None:
-    print("| model | ranks | budget | plan s wall / cpu | status | gap | auto objective | flat optimum (s) |")
-    print("|---|---:|---:|---:|---|---:|---:|---:|")
+    print("| model | ranks | budget | plan s wall / cpu | mesh | plan step | status | gap | auto objective "
+          "| flat optimum (s) |")
+    print("|---|---:|---:|---:|---|---:|---|---:|---:|---:|")
     for name in names:
         graph = bench_graph(name)
         for world in ranks:
             need, wall, cpu = _smallest(graph, world)
             print(f"| {name} | {world} | smallest {format_bytes(need) if need else '-'} | {wall:.1f} / {cpu:.1f} "
-                  "| | | | |", flush=True)
+                  "| | | | | | |", flush=True)
             if need is None:
                 continue
             for f in FACTORS:
                 budget = int(math.ceil(need * f))
                 p, wall, cpu = _timed(plan, graph, budget, world_size=world, hardware=HARDWARE, workers=WORKERS)
                 if isinstance(p, InfeasibleError):
-                    print(f"| {name} | {world} | {format_bytes(budget)} | {wall:.1f} / {cpu:.1f} | infeasible "
+                    print(f"| {name} | {world} | {format_bytes(budget)} | {wall:.1f} / {cpu:.1f} | | | infeasible "
                           "| | | |", flush=True)
                     continue
                 s = p.solver
                 gap = "-" if s.gap is None else f"{s.gap:.2%}"
                 auto, best, fsecs = _flat(graph, p.mesh, budget, flat_cap)
                 ref = "-" if best is None else f"{best * 1e3:.4f} ms ({fsecs:.0f} s)"
-                print(f"| {name} | {world} | {format_bytes(budget)} | {wall:.1f} / {cpu:.1f} | {s.status} | {gap} | "
+                print(f"| {name} | {world} | {format_bytes(budget)} | {wall:.1f} / {cpu:.1f} | {p.mesh} "
+                      f"| {p.predicted.step_time_s * 1e3:.4f} ms | {s.status} | {gap} | "
                       f"{'-' if auto is None else f'{auto * 1e3:.4f} ms'} | {ref} |", flush=True)
 
 

@@ -13,13 +13,14 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from cost_models.errors import PlannerError
 
-__all__ = ["NODE_LIMIT", "WORK_LIMIT", "SolverError", "MilpModel", "MilpResult", "Progress", "solve_milp", "resolve_solver"]
+__all__ = ["LEAN_OPTIONS", "NODE_LIMIT", "NO_PROBING", "WORK_LIMIT", "SolverError", "MilpModel", "MilpResult", "Progress", "solve_milp", "resolve_solver"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,11 @@ WORK_LIMIT = 4_000_000
 # column ILP (17,435 columns, time mode with the priced answer as cutoff) 31 s -> 12 s, and its
 # least-memory ILP (17,689 columns, no cutoff) 7.3 s -> 3.9 s; the answers are the same.
 LEAN_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False, "mip_allow_restart": False}
+# ... and for the column ILPs that minimise time, no probing in presolve (rule 15 of presolve_rule_off): on
+# the mixed ILPs of the priced search it was most of the work, and the search after it is as short or
+# shorter (gpt2-small 64 ranks, 4x4x4 at 1.25x its smallest budget, 14k columns: 10.8 -> 1.0 s, the same
+# optimum; gpt3-175b 2x2x2 at 2x: node limit after 10.5 s -> optimal in 3.1 s, a faster answer).
+NO_PROBING = {"presolve_rule_off": 1 << 15}
 _MIN_CHECKS = 10
 
 
@@ -209,7 +215,7 @@ def resolve_solver(solver: str) -> str:
 def solve_milp(
     model: MilpModel, *, solver: str = "highs", time_limit: float | None = None, rel_gap: float = 1e-9,
     abs_gap: float = 0.0, cutoff: float = np.inf, node_limit: int | None = NODE_LIMIT,
-    work_limit: int | None = None, mip_start: dict[int, float] | None = None, lean: bool = False,
+    work_limit: int | None = None, mip_start: dict[int, float] | None = None, options: Mapping[str, object] | None = None,
 ) -> MilpResult:
     """Solve `model` with the named back end ("highs" or "cbc"). `node_limit`: branch-and-bound nodes at
     most (work, so the answer is reproducible); `work_limit`: with HiGHS, stop after work_limit / nonzeros
@@ -217,8 +223,8 @@ def solve_milp(
     inf: none, the default; a finite one makes the answer depend on the machine's speed). `cutoff`: an
     objective value known to be reachable (HiGHS prunes every branch that cannot beat it). `mip_start`:
     values of (some of) the integer variables of a known solution (a MIP start, HiGHS only; it completes
-    the rest), so a limit that stops the search early still returns at least that solution. `lean`: with
-    HiGHS, no RINS/RENS sub-MIP heuristics and no restarts after root fixings (LEAN_OPTIONS)."""
+    the rest), so a limit that stops the search early still returns at least that solution. `options`: more
+    HiGHS options (LEAN_OPTIONS, NO_PROBING; CBC ignores them)."""
     name = resolve_solver(solver)
     if model.trivially_infeasible:
         return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, name)
@@ -227,7 +233,7 @@ def solve_milp(
     start = time.perf_counter()
     seconds = None if time_limit is None or not np.isfinite(time_limit) else max(float(time_limit), 0.01)
     if name == "highs":
-        result = _solve_highs(model, seconds, rel_gap, abs_gap, cutoff, node_limit, work_limit, mip_start, lean)
+        result = _solve_highs(model, seconds, rel_gap, abs_gap, cutoff, node_limit, work_limit, mip_start, options)
     else:
         result = _solve_cbc(model, seconds, rel_gap, abs_gap, node_limit)
     result.seconds = time.perf_counter() - start
@@ -278,7 +284,8 @@ def _checkpoint_limit(h: object, checks: int) -> list[int]:
 
 def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs_gap: float, cutoff: float,
                  node_limit: int | None, work_limit: int | None = None,
-                 mip_start: dict[int, float] | None = None, lean: bool = False) -> MilpResult:
+                 mip_start: dict[int, float] | None = None, options: Mapping[str, object] | None = None
+                 ) -> MilpResult:
     import highspy
 
     a = model.arrays()
@@ -302,7 +309,7 @@ def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs
     h.setOptionValue("mip_feasibility_tolerance", 1e-9)
     if np.isfinite(cutoff):
         h.setOptionValue("objective_bound", float(cutoff))
-    for option, value in (LEAN_OPTIONS.items() if lean else ()):
+    for option, value in (options or {}).items():
         h.setOptionValue(option, value)
     h.passModel(lp)
     if mip_start:

@@ -46,7 +46,7 @@ from planner.search.solve.frontier import FrontierPoint, FrontierTimeout, block_
 from planner.search.solve.ilp import ONE, BuiltModel, IlpBuilder, LinExpr
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.lagrange import LagrangeBound, Weights, best_multiplier
-from planner.search.solve.milp import NODE_LIMIT, MilpResult, resolve_solver, solve_milp
+from planner.search.solve.milp import LEAN_OPTIONS, NO_PROBING, NODE_LIMIT, MilpResult, resolve_solver, solve_milp
 from planner.search.solve.min_budget import LeastMemory
 from planner.search.solve.problem import Solution
 
@@ -140,7 +140,8 @@ class TwoLevel:
         gaps = {"rel_gap": rel_gap} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
         slack = 1e-7 * abs(upper) if mode == "time" else 1.0
         res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(),
-                         cutoff=(upper + slack) * built.scale, node_limit=node_limit, lean=True, **gaps)
+                         cutoff=(upper + slack) * built.scale, node_limit=node_limit,
+                         options=LEAN_OPTIONS | NO_PROBING if mode == "time" else LEAN_OPTIONS, **gaps)
         if res.x is None:
             return _Round(res, built, [], [], np.inf)
         choice, ckpt = built.extract(res.x)
