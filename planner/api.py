@@ -184,11 +184,11 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     # the solver counts at 708,416 and 643,904 B; the smallest-budget search 15.8 -> 5.1 s), each below the
     # smallest found, not its own (gpt-tiny on 8 ranks: 13.2 -> 8.9 s CPU, the same smallest budget)
     smallest = min((r.least for r in results if r.least is not None), default=None)
-    narrow = {r.mesh: r.least for r in results if r.narrow and r.least_peak < smallest}
+    narrow = {r.mesh: r for r in results if r.narrow and r.least_peak < smallest}
     if best is None and narrow:
-        narrowed = plan_meshes(list(narrow), lambda m, _: narrow_least(m, build, assemble, budget_bytes, narrow[m],
-                                                                       target=smallest, solver=solver,
-                                                                       time_limit=time_limit),
+        narrowed = plan_meshes(list(narrow), lambda m, _: narrow_least(m, build, assemble, budget_bytes, narrow[m].least,
+                                                                       target=smallest, least_peak=narrow[m].least_peak,
+                                                                       solver=solver, time_limit=time_limit),
                                time_limit=time_limit, progress=progress, workers=workers)
         by_mesh = {r.mesh: r for r in narrowed}
         results = [by_mesh.get(r.mesh, r) for r in results]

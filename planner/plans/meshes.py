@@ -167,8 +167,8 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
 
 
 def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
-                 budget: int, smallest: int, *, target: int | None = None, solver: str,
-                 time_limit: float | None = None) -> MeshResult:
+                 budget: int, smallest: int, *, target: int | None = None, least_peak: int | None = None,
+                 solver: str, time_limit: float | None = None) -> MeshResult:
     """A smaller budget that fits `mesh` than `smallest`, the bound of its least-memory plan (`plan_mesh`'s
     `least` with `narrow`), and than `target` (default `smallest`): the least such bound over all meshes,
     since only a plan below it lowers the smallest budget the user is told, or fits `budget` (which is below
@@ -181,11 +181,11 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
     account = _PlanAccount(built, assemble)
     memo = SolveMemo(built.problem)
     limit = smallest if target is None else min(smallest, target)
-    excess = 0  # what the plan counted beyond the solver's formulas for the last answer
+    # what the plan counted beyond the solver's formulas for the last answer, at first the least-memory one's
+    excess = 0 if least_peak is None else max(0, smallest - least_peak)
     for _ in range(_LEAST_ROUNDS):
-        # each round after the first starts that much below its limit: its answers are alike, and a round
-        # that starts at the limit is sent back for that excess first (HF GPT-2, 8 ranks: 14,336 B, one
-        # solve of 2 s saved)
+        # each round starts that much below its limit: its answers are alike, and a round that starts at the
+        # limit is sent back for that excess first (HF GPT-2, 8 ranks: two solves of 2 s each saved)
         sol = solve(built.problem, budget=limit - 1, solver=solver, time_limit=time_limit, account=account,
                     loosen=-excess, memo=memo)
         if sol.status not in ("optimal", "feasible"):
