@@ -41,9 +41,9 @@ WORK_LIMIT = 4_000_000
 # least-memory ILP (17,689 columns, no cutoff) 7.3 s -> 3.9 s; the answers are the same.
 LEAN_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False, "mip_allow_restart": False}
 # ... and for the column ILPs that minimise time, no probing in presolve (rule 15 of presolve_rule_off): on
-# the mixed ILPs of the priced search it was most of the work, and the search after it is as short or
-# shorter (gpt2-small 64 ranks, 4x4x4 at 1.25x its smallest budget, 14k columns: 10.8 -> 1.0 s, the same
-# optimum; gpt3-175b 2x2x2 at 2x: node limit after 10.5 s -> optimal in 3.1 s, a faster answer).
+# the mixed ILPs of the priced search it was most of the work (gpt2-small 64 ranks, 4x4x4 at 1.25x its
+# smallest budget, 14k columns: 10.8 -> 1.0 s, the same optimum; gpt3-175b 2x2x2 at 2x: node limit after
+# 10.5 s -> optimal in 3.1 s, a faster answer; of seven saved ILPs one slower, HF BERT's 2x2x2: 4.9 -> 6.2 s).
 NO_PROBING = {"presolve_rule_off": 1 << 15}
 _MIN_CHECKS = 10
 
