@@ -47,8 +47,9 @@ class PeakMemoryMeter(TorchDispatchMode):
 
     seed: tensors alive before the block that belong to the measured quantity (parameters, gradients,
     optimizer states, inputs); other pre-existing tensors count only if an op inside the block returns them.
-    After the block: `peak` (bytes), `peak_op` (the aten op after which it was reached), `start` (the seeded
-    bytes) and `live` (bytes still held at the end).
+    After the block: `peak` (bytes), `peak_op` (the aten op after which it was reached), `peak_phase` (what
+    `phase` said then: the caller names the part of the step it runs), `start` (the seeded bytes) and `live`
+    (bytes still held at the end).
     """
 
     def __init__(self, seed: Iterable[torch.Tensor] = ()) -> None:
@@ -58,6 +59,8 @@ class PeakMemoryMeter(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self.peak_op = ""
+        self.phase = ""  # the part of the step running now (set by the caller), kept with the peak
+        self.peak_phase = ""
         for t in seed:
             self.track(t)
         self.start = self.peak = self.live
@@ -83,7 +86,7 @@ class PeakMemoryMeter(TorchDispatchMode):
 
     def _note(self, what: str) -> None:
         if self.live > self.peak:
-            self.peak, self.peak_op = self.live, what
+            self.peak, self.peak_op, self.peak_phase = self.live, what, self.phase
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -111,7 +114,7 @@ def step_peak_bytes(model: torch.nn.Module, run_loss: Callable[[], torch.Tensor]
     parameters (1 + `repeats` optimizer steps).
 
     Returns {"peak": bytes, "start": bytes held at the start of the measured step, "peak_op": the op at the
-    peak ("" on CUDA)}.
+    peak and "peak_phase": "forward", "backward" or "optimizer step" (both "" on CUDA)}.
     """
     run_loss().backward()
     opt.step()
@@ -125,12 +128,17 @@ def step_peak_bytes(model: torch.nn.Module, run_loss: Callable[[], torch.Tensor]
     best: dict[str, Any] | None = None
     for _ in range(max(1, repeats)):  # the smallest of `repeats` steps (see the module docstring)
         with PeakMemoryMeter(seed) as meter:
-            run_loss().backward()
+            meter.phase = "forward"
+            loss = run_loss()
+            meter.phase = "backward"
+            loss.backward()
+            del loss
+            meter.phase = "optimizer step"
             opt.step()
         opt.zero_grad(set_to_none=True)
         gc.collect()
         if best is None or meter.peak < best["peak"]:
-            best = {"peak": meter.peak, "start": meter.start, "peak_op": meter.peak_op}
+            best = {"peak": meter.peak, "start": meter.start, "peak_op": meter.peak_op, "peak_phase": meter.peak_phase}
     assert best is not None
     return best
 
@@ -149,4 +157,4 @@ def _cuda_step_peak(run_loss: Callable[[], torch.Tensor], opt: torch.optim.Optim
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base + start
     opt.zero_grad(set_to_none=True)
-    return {"peak": peak, "start": start, "peak_op": ""}
+    return {"peak": peak, "start": start, "peak_op": "", "peak_phase": ""}

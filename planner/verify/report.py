@@ -67,6 +67,7 @@ class VerifyReport:
     step_peak: list[int] = field(default_factory=list)  # CUDA only: allocator peak above the memory held before
     predicted_step_peak: int = 0
     measured_peak: list[int] = field(default_factory=list)  # per rank: planner.verify.measure_memory.step_peak_bytes
+    peak_at: list[str] = field(default_factory=list)  # per rank: where that peak was reached ("" when unknown)
     predicted_peak: int = 0
     peak_tol: float = 0.10
     dropout: tuple[int, list[str]] | None = None  # (dropout ops with p > 0, mask-rule violations)
@@ -194,6 +195,14 @@ def format_report(r: VerifyReport) -> str:
                  f"{e:+.2%}", "over" if e < -r.peak_tol else _mark(e <= r.peak_tol))
                 for i, (m, e) in enumerate(zip(r.measured_peak, r.peak_errors()))]
         lines += _table(rows, ("rank", "measured", "predicted", "ratio", "diff", ""))
+        failed: dict[str, list[int]] = {}  # where the step reached the peak the prediction misses -> ranks
+        for i, (at, e) in enumerate(zip(r.peak_at, r.peak_errors())):
+            if at and e > r.peak_tol:
+                failed.setdefault(at, []).append(i)
+        if failed:  # the first place to look
+            lines += ["where the failing ranks reached their peak:"]
+            lines += [f"  rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {at}"
+                      for at, ranks in failed.items()]
     verdict = "PASS" if r.ok else "FAIL: " + ", ".join(
         w for w, ok in (("numerics", r.numeric_ok()), ("communication", r.comm_ok()), ("activations", r.act_ok()),
                         ("peak memory", r.peak_ok())) if not ok)

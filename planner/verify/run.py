@@ -236,10 +236,13 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
 
     parallel.zero_grad(set_to_none=True)
     peak_p = step_peak_bytes(parallel, lambda: _loss(_call(parallel, local)),
-                             torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps))["peak"]
-    report.measured_peak, report.predicted_peak = [None] * dist.get_world_size(), plan.predicted.peak_memory_bytes
+                             torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps))
+    where = f"in the {peak_p['peak_phase']}, after {peak_p['peak_op']}" if peak_p["peak_op"] else ""
+    peaks: list = [None] * dist.get_world_size()
     with tracked("all_gather_object", (), "measured peak memory"):
-        dist.all_gather_object(report.measured_peak, int(peak_p))
+        dist.all_gather_object(peaks, (int(peak_p["peak"]), where))
+    report.measured_peak, report.peak_at = [p for p, _ in peaks], [w for _, w in peaks]
+    report.predicted_peak = plan.predicted.peak_memory_bytes
     if rank == 0:
         print(format_report(report), file=out or sys.stdout, flush=True)
     with tracked("barrier", (), "end of planner verify"):

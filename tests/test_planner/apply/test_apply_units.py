@@ -153,3 +153,10 @@ def test_report_passes_only_when_everything_holds() -> None:
     r.measured_act = [1000, 1000]
     r.measured_comm[("all_gather", "forward")] = 8
     assert not r.comm_ok() and "FAIL: communication" in format_report(r)
+    del r.measured_comm[("all_gather", "forward")]
+    # a peak over the prediction names where each failing rank reached it
+    r.predicted_peak, r.measured_peak = 1000, [1050, 1200]
+    r.peak_at = ["in the backward, after aten.mm.default", "in the optimizer step, after aten.div.Tensor"]
+    text = format_report(r)
+    assert not r.ok and text.rstrip().endswith("FAIL: peak memory")
+    assert "rank 1: in the optimizer step, after aten.div.Tensor" in text and "aten.mm.default" not in text
