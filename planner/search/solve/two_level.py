@@ -141,7 +141,7 @@ class TwoLevel:
         slack = 1e-7 * abs(upper) if mode == "time" else 1.0
         res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(),
                          cutoff=(upper + slack) * built.scale, node_limit=node_limit,
-                         options=LEAN_OPTIONS | NO_PROBING if mode == "time" else LEAN_OPTIONS, **gaps)
+                         options=(LEAN_OPTIONS | NO_PROBING) if mode == "time" else LEAN_OPTIONS, **gaps)
         if res.x is None:
             return _Round(res, built, [], [], np.inf)
         choice, ckpt = built.extract(res.x)
