@@ -109,6 +109,7 @@ class OpCost:
     """What one strategy of one op costs one rank in one training step (forward + backward).
 
     param_elems: parameter elements this rank stores (model-state bytes = param_elems * bytes_per_param).
+    largest_param_elems: the elements of the largest of those parameters (`cost_models.optimizer`).
     buffer_bytes: buffer bytes this rank stores (not trained: no gradient, no optimizer state).
     state_bytes: param_elems * bytes_per_param + buffer_bytes, as priced by `cost_models.strategies.op_cost`.
     saved: tensors autograd keeps for backward (local sizes).
@@ -126,6 +127,7 @@ class OpCost:
     state_bytes: int = 0
     buffer_bytes: int = 0
     saved: tuple[SavedTensor, ...] = ()
+    largest_param_elems: int = 0
     transient_bytes: int = 0
     fwd_extra_bytes: int = 0
     flops: float = 0.0

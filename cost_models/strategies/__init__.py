@@ -197,7 +197,7 @@ def _priced(canon: _Canon, strategy: Strategy, mesh: Mesh, hw: HardwareProfile, 
     saved = () if canon.attrs.get("no_grad") else tuple(usage.saved)
     return OpCost(
         param_elems=usage.param_elems, state_bytes=usage.param_elems * bpp + usage.buffer_bytes,
-        buffer_bytes=usage.buffer_bytes, saved=saved,
+        buffer_bytes=usage.buffer_bytes, saved=saved, largest_param_elems=usage.largest_param_elems,
         transient_bytes=usage.transient_bytes, fwd_extra_bytes=usage.fwd_extra_bytes,
         flops=usage.fwd_flops + usage.bwd_flops,
         fwd_flops=usage.fwd_flops, compute_s=fwd_compute + bwd_compute, fwd_compute_s=fwd_compute,
@@ -235,7 +235,7 @@ def op_costs(op: OpNode, strategies: list[Strategy], mesh: Mesh, hw: HardwarePro
         saved = tuple(SavedTensor(_relabel(s.key, op), s.bytes) for s in priced.saved)
         out.append(OpCost(
             param_elems=priced.param_elems, state_bytes=priced.state_bytes, buffer_bytes=priced.buffer_bytes,
-            saved=saved,
+            saved=saved, largest_param_elems=priced.largest_param_elems,
             transient_bytes=priced.transient_bytes, fwd_extra_bytes=priced.fwd_extra_bytes, flops=priced.flops,
             fwd_flops=priced.fwd_flops,
             compute_s=priced.compute_s, fwd_compute_s=priced.fwd_compute_s, collectives=priced.collectives,

@@ -41,11 +41,14 @@ class Usage:
     dtype picks the peak; collectives are the op's own (forward and backward); notes are for people.
     buffer_bytes: buffers this rank holds (BatchNorm running statistics): model state that is neither
     trained nor optimised, counted at its own size.
+    param_elems / largest_param_elems: the elements of the parameters this rank stores, in all and of the
+    largest one (what a single-tensor optimizer step holds temporaries of: `cost_models.optimizer`).
     """
 
     mesh: Mesh
     dtype: str = "float32"
     param_elems: int = 0
+    largest_param_elems: int = 0
     buffer_bytes: int = 0
     saved: list[SavedTensor] = field(default_factory=list)
     transient_bytes: int = 0
@@ -67,6 +70,11 @@ class Usage:
         for s in steps:
             if s.is_collective:
                 self.collective(s.kind, s.axes, s.bytes, phase, tag)
+
+    def param(self, elems: int) -> None:
+        """Record a parameter this rank stores, `elems` local elements (0 for one tied to another op's)."""
+        self.param_elems += int(elems)
+        self.largest_param_elems = max(self.largest_param_elems, int(elems))
 
     def save(self, key: str, nbytes: int) -> None:
         if nbytes > 0:

@@ -67,7 +67,7 @@ def _channel_split(op: OpNode, mesh: Mesh) -> Iterator[Offer | str]:
             lay = Layout.shard(len(p.shape), 0, t_axes)
             params.append((param_key(op, i), lay))
             local = lay.local_numel(p.shape, mesh)
-            u.param_elems += local
+            u.param(local)
             u.collective("all_reduce", dp, local * DTYPE_BYTES[p.dtype], "backward", "grad_weight")
         if x.dtype in FLOAT_DTYPES and (op.attrs.get("grad_inputs") or (True,))[0]:  # not a graph input's
             u.collective("all_reduce", t_axes, local_bytes(x, lay_x, mesh), "backward", "grad_input")

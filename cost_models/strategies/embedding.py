@@ -42,7 +42,7 @@ def _usage(op: OpNode, mesh: Mesh, plan: EmbeddingPlan) -> Usage:
     wm = TensorMeta(wp.shape, wp.dtype)
     st = embedding_steps(plan, ids.shape, wm.shape[0], wm.shape[1], wm.itemsize, y.itemsize, mesh)
     u = Usage(mesh, dtype=y.dtype)
-    u.param_elems = 0 if "weight" in op.attrs.get("tied", ()) else plan.w_store.local_numel(wm.shape, mesh)
+    u.param(0 if "weight" in op.attrs.get("tied", ()) else plan.w_store.local_numel(wm.shape, mesh))
     u.steps(st.w_fwd, "forward", "weight")
     u.steps(st.y_fwd, "forward", "output")
     u.steps(st.dy, "backward", "grad_output")

@@ -107,11 +107,11 @@ def linear_usage(op: OpNode, plan: LinearPlan, mesh: Mesh) -> Usage:
 
     # Parameters (and the bias, stored like y's feature dim, its gradient summed over y's token axes).
     # A weight tied to an earlier op's parameter (hint tied) is that op's state, not this one's.
-    u.param_elems = 0 if "weight" in op.attrs.get("tied", ()) else w_store.local_numel(w_shape_nk, mesh)
+    u.param(0 if "weight" in op.attrs.get("tied", ()) else w_store.local_numel(w_shape_nk, mesh))
     if bias is not None:
         b_layout = plan.bias_layout
         b_meta = TensorMeta(bias[1].shape, bias[1].dtype)
-        u.param_elems += 0 if "bias" in op.attrs.get("tied", ()) else b_layout.local_numel(b_meta.shape, mesh)
+        u.param(0 if "bias" in op.attrs.get("tied", ()) else b_layout.local_numel(b_meta.shape, mesh))
         u.steps(st.db, "backward", "grad_bias")
 
     # Saved tensors.

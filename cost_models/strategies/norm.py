@@ -79,7 +79,7 @@ def layer_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str)
         for j, p in enumerate(op.params):
             meta = TensorMeta(p.shape, p.dtype)
             params.append((param_key(op, j), p_layout))
-            u.param_elems += p_layout.local_numel(p.shape, mesh)
+            u.param(p_layout.local_numel(p.shape, mesh))
             tag = "grad_bias" if p.role == "bias" else "grad_weight"
             u.collective("all_reduce", tok_axes, local_bytes(meta, p_layout, mesh), "backward", tag)
         x_bytes = local_bytes(x, lay, mesh)

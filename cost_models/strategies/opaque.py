@@ -101,7 +101,7 @@ def _usage(op: OpNode, mesh: Mesh, dp: Axes, ins: tuple[Layout, ...], outs: tupl
         lay = fsdp_param_layout(p, mesh, dp) if fsdp else Layout.replicated(len(p.shape))
         params.append((param_key(op, i), lay))
         full = p.numel * _itemsize(p.dtype)
-        u.param_elems += lay.local_numel(p.shape, mesh)
+        u.param(lay.local_numel(p.shape, mesh))
         if not lay.is_replicated():  # gathered over the other axes, then over dp (layers3d.whole)
             gathered += full
             rest = tuple(a for a in mesh.axis_names if a not in dp)

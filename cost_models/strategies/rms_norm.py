@@ -76,7 +76,7 @@ def rms_norm_rule(op: OpNode, mesh: Mesh, candidates: Candidates, device: str) -
         p_layout = Layout((feat_axes,))
         for j, p in enumerate(op.params):
             params.append((param_key(op, j), p_layout))
-            u.param_elems += p_layout.local_numel(p.shape, mesh)
+            u.param(p_layout.local_numel(p.shape, mesh))
             u.collective("all_reduce", tok_axes, local_bytes(TensorMeta(p.shape, p.dtype), p_layout, mesh),
                          "backward", "grad_weight")
         x_bytes = local_bytes(x, lay, mesh)
