@@ -8,15 +8,20 @@
                      gradients flowing in and out of it): its working set beyond what is saved; the
                      plan's accounting adds the activation gradients autograd holds beside it (waiting
                      residual gradients, accumulation buffers: `planner.plans.grad_buffers`)
+    optimizer step = model states + what the optimizer step holds beside them (`cost_models.optimizer`)
     peak           = the most, over the points of one training step, of what is alive there (`step_peak`)
-                  <= model states + saved + max transient (the bound the solver's constraint uses)
+                  <= model states + max(saved + max transient, the optimizer step's beyond the states)
+                     (the bound the budget is checked against; the solver's memory row counts both terms
+                     together: `cost_models.optimizer.solver_optimizer_bytes`)
 
 The peak this predicts is what `planner.verify.measure_memory` measures: the most bytes held at once by tensor
 storages during a training step (parameters, gradients, optimizer states, inputs, everything the step
 creates). The backward pass runs the ops in reverse: when it differentiates op i, the gradients of the
 parameters of ops i..n-1 exist, those of ops 0..i-1 do not yet, and the saved activations of ops after i
 are freed already (a tensor saved by several ops is charged to the first of them, so it lives until that
-op's backward). `step_peak` takes the largest of these points and of the optimizer step (all states).
+op's backward). `step_peak` takes the largest of these points and of the optimizer step (all states, the
+temporaries the optimizer's implementation holds beside them and the caller's inputs: `cost_models.optimizer`;
+nothing saved is alive by then). The bound is states + max(saved + max transient, the step's beyond states).
 For a small model whose gradients are as large as its activations (HF GPT-2 tiny: 1.75 MB of gradients
 against 4.6 MB saved on a replicated rank), counting everything alive together over-predicted by 11%.
 
@@ -162,9 +167,10 @@ def grad_bytes_per_param(bytes_per_param: int | str) -> int:
 @dataclass(frozen=True)
 class StepPeak:
     """The peak of one training step (`step_peak`): `peak` bytes, reached at op `at` (its index in forward
-    order; None for the optimizer step), where the op's transient is `transient`; `released` is what the
-    all-alive bound (states + saved + max transient) counts that is not alive there: gradients not yet
-    computed, activations already freed, and the max transient's excess over this op's."""
+    order; None for the optimizer step), where the op's transient (at the step: what it holds beyond the
+    states) is `transient`; `released` is what the bound (states + max(saved + max transient, the step's))
+    counts that is not alive there: gradients not yet computed, activations already freed, and the max
+    transient's excess over this op's."""
 
     peak: int
     at: int | None
@@ -172,20 +178,20 @@ class StepPeak:
     released: int
 
 
-def step_peak(ops: Sequence[tuple[int, int, int]], bytes_per_param: int | str) -> StepPeak:
+def step_peak(ops: Sequence[tuple[int, int, int]], bytes_per_param: int | str, *, optimizer_bytes: int = 0) -> StepPeak:
     """The most bytes alive at once in a training step, from per-op (state_bytes, saved_bytes,
     transient_bytes) in forward order (see the module docstring): max over the backward of each op i of
     states without the gradients of ops before i + saved of ops up to i + op i's transient, and of the
-    optimizer step (every state). Saved bytes must be charged to the first op that saves them (as the
-    plan's accounting does), a checkpointed block's kept inputs to its first op reading them, and its
-    recomputed activations be part of its ops' transients."""
+    optimizer step (every state + `optimizer_bytes`, what the step holds beyond them). Saved bytes must be
+    charged to the first op that saves them (as the plan's accounting does), a checkpointed block's kept
+    inputs to its first op reading them, and its recomputed activations be part of its ops' transients."""
     bpp = resolve_bytes_per_param(bytes_per_param)
     gbp = grad_bytes_per_param(bpp)
     states = sum(o[0] for o in ops)
     saved_total = sum(o[1] for o in ops)
-    bound = states + saved_total + max((o[2] for o in ops), default=0)
+    bound = states + max(saved_total + max((o[2] for o in ops), default=0), optimizer_bytes)
     grads = [o[0] // bpp * gbp for o in ops]
-    best = StepPeak(states, None, 0, bound - states)
+    best = StepPeak(states + optimizer_bytes, None, optimizer_bytes, bound - states - optimizer_bytes)
     grads_before, saved_upto = 0, 0
     for i, (_, saved, transient) in enumerate(ops):
         saved_upto += saved

@@ -33,6 +33,7 @@ _EXPORTS = {
     "BudgetError": "planner.units",
     "parse_bytes": "planner.units",
     "format_bytes": "planner.units",
+    "optimizer_kwargs": "cost_models.optimizer",
     "Example": "planner.models",
     "EXAMPLES": "planner.models",
     "get_example": "planner.models",

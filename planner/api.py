@@ -15,6 +15,7 @@ from cost_models.errors import PlannerError, PlannerWarning
 from cost_models.hardware import HardwareProfile, load_profile
 from cost_models.memory import BYTES_PER_PARAM, MemoryModelError
 from cost_models.mesh import Mesh, MeshError, candidate_meshes, check_world_size
+from cost_models.optimizer import resolve_optimizer
 from planner.apply.applicable import check_applicable
 from planner.plans.assemble import assemble_plan
 from planner.plans.format import INPUT_MODES, Plan
@@ -120,7 +121,8 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
          hardware: str | HardwareProfile = "a100-80gb", schemes: Sequence[str] | str | None = None,
          checkpointing: bool = True, bytes_per_param: int | str = 16, solver: str = "highs",
          time_limit: float | None = None, device: str | None = None, meshes: Sequence[Mesh] | None = None,
-         name: str | None = None, progress: bool = False, workers: int | None = None, inputs: str = "full") -> Plan:
+         name: str | None = None, progress: bool = False, workers: int | None = None, inputs: str = "full",
+         optimizer: str | None = None) -> Plan:
     """Plan `model` for `world_size` ranks under a per-rank memory `budget`.
 
     budget: bytes, or a string such as "16GiB" / "80GB".
@@ -138,6 +140,9 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
         the whole batch and gets whole outputs back, e.g. a language model's logits gathered on every rank)
         or "sharded" (each rank passes and gets its block of the batch: a data loader per rank, as real
         training runs). The memory model prices the conversion of the outputs to that layout.
+    optimizer: the torch AdamW implementation the training step runs, whose temporaries the optimizer step
+        holds beside every state: "single_tensor", "foreach" or "fused" (default: torch's for the device,
+        foreach on CUDA and single_tensor on CPU). Build it with `optimizer_kwargs(plan.options.optimizer)`.
     time_limit: None (default): every solver limit is counted in work, so the plan is a function of (model,
         budget, mesh, hardware, options) and the same on a busy machine as on a quiet one. Seconds: each
         solve may also stop there; the plan's `solver` block then says so (status "feasible", message).
@@ -155,6 +160,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     kind = device or hw.device
     if kind not in ("cuda", "cpu"):
         raise MemoryModelError(f"device must be 'cuda' or 'cpu', got {kind!r}")
+    optimizer = resolve_optimizer(optimizer, kind)
     allowed = expand_schemes(schemes)
     graph = model if isinstance(model, ModelGraph) else capture(model, example_inputs, input_shapes=input_shapes,
                                                                 name=name)
@@ -167,11 +173,11 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     def assemble(built: BuiltProblem, sol: Solution) -> Plan:
         return assemble_plan(graph, built, sol, hw, budget_bytes=budget_bytes, device=kind, bytes_per_param=bpp,
                              checkpointing=checkpointing, schemes=sorted(allowed) if allowed else None,
-                             input_mode=inputs)
+                             input_mode=inputs, optimizer=optimizer)
 
     def build(m: Mesh) -> BuiltProblem:
         return build_problem(graph, m, hw, budget_bytes, device=kind, bytes_per_param=bpp, schemes=allowed,
-                             checkpointing=checkpointing, input_mode=inputs)
+                             checkpointing=checkpointing, input_mode=inputs, optimizer=optimizer)
 
     results = plan_meshes(mesh_list, lambda m, beaten: plan_mesh(m, build, assemble, budget_bytes, solver=solver,
                                                                  time_limit=time_limit, beaten=beaten),

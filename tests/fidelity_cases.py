@@ -18,6 +18,7 @@ from apply_checks import call, device_mesh, loss_of
 from apply_plans import HARDWARE, UNIFORM_SCHEMES, mixed_plan, uniform_plan
 
 from cost_models.hardware import load_profile
+from cost_models.optimizer import optimizer_kwargs
 from layers3d.comm import CommCounter
 from planner.apply.rewrite import apply_plan
 from planner.plans.assemble import assemble_plan
@@ -83,11 +84,12 @@ def measure_rank(build: Build, p: Plan) -> dict[str, Any]:
     unplanned = sum(c.bytes for c in counter.records if c.tag in ("io", "tied"))
     model.zero_grad(set_to_none=True)
     del loss
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS, **optimizer_kwargs(p.options.optimizer))
     peak = step_peak_bytes(model, lambda: loss_of(call(model, inputs)), opt)
     pred = p.predicted
     return {"comm": comm, "unplanned_comm": unplanned, "predicted_comm": pred.comm_bytes,
             "activations": meter.bytes, "predicted_activations": pred.activation_bytes,
             "peak": peak["peak"], "peak_start": peak["start"], "peak_op": peak["peak_op"],
             "predicted_peak": pred.peak_memory_bytes, "predicted_states": pred.model_state_bytes,
-            "predicted_transient": pred.transient_bytes}
+            "predicted_transient": pred.transient_bytes, "predicted_bound": pred.bound_bytes,
+            "peak_phase": peak["peak_phase"]}

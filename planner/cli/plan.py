@@ -43,6 +43,10 @@ PLANNING_ARGS = (
         help="how the trained model is called: full (default; every rank passes the whole batch and gets whole "
              "outputs, e.g. logits gathered on every rank) or sharded (each rank its block of the batch, as a "
              "data loader per rank gives it); the plan prices the outputs' memory for it and apply_plan runs it so"),
+    arg("--optimizer", choices=("single_tensor", "foreach", "fused"),
+        help="the torch AdamW implementation training runs, whose step holds temporaries beside every state: "
+             "single_tensor (2x the largest parameter), foreach (all parameters once more) or fused (none); "
+             "default: torch's for the device (foreach on cuda, single_tensor on cpu)"),
 )
 
 
@@ -80,6 +84,8 @@ def planning_options(args: argparse.Namespace) -> dict[str, Any]:
         options["solver"] = args.solver
     if args.inputs:
         options["inputs"] = args.inputs
+    if args.optimizer:
+        options["optimizer"] = args.optimizer
     return options
 
 

@@ -187,6 +187,10 @@ def memory_figure(plans: Sequence[Plan], labels: Sequence[str] | None = None) ->
         heights = [getattr(p.predicted, field) / scale for p in plans]
         ax.bar(xs, heights, bottom=bottom, color=color, label=name, width=0.6)
         bottom = [b + h for b, h in zip(bottom, heights)]
+    # where the optimizer step holds more beside the states than the backward's activations + transient
+    beyond = [max(0, p.predicted.bound_bytes / scale - b) for p, b in zip(plans, bottom)]
+    if any(beyond):
+        ax.bar(xs, beyond, bottom=bottom, color="tab:purple", label="optimizer step beyond", width=0.6)
     ax.hlines([p.predicted.peak_memory_bytes / scale for p in plans], [x - 0.3 for x in xs], [x + 0.3 for x in xs],
               colors="tab:red", linewidth=2, label="predicted peak")
     shown = [(x, b / scale) for x, b in zip(xs, budgets) if b is not None]

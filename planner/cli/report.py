@@ -19,6 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from cost_models.memory import step_peak
+from cost_models.ops import DTYPE_BYTES
+from cost_models.optimizer import optimizer_step_bytes
 from planner.plans.format import Assignment, Plan
 from planner.units import format_bytes, format_seconds
 
@@ -34,6 +36,7 @@ class Totals:
     activation_bytes: int
     transient_bytes: int
     released_bytes: int
+    optimizer_bytes: int
     step_time_s: float
     compute_s: float
     comm_s: float
@@ -46,13 +49,17 @@ def plan_totals(plan: Plan) -> Totals:
     costs = [a.cost for a in plan.assignments]
     states = sum(c.state_bytes for c in costs)
     saved = sum(c.saved_bytes for c in costs)
+    opt = optimizer_step_bytes(plan.options.optimizer, (c.optimizer_bytes for c in costs),
+                               [(i.shape, DTYPE_BYTES[i.dtype]) for i in plan.model.inputs], plan.options.inputs,
+                               plan.mesh)
     transient = max((c.transient_bytes for c in costs), default=0)
     compute = sum(c.compute_s for c in costs)
     comm = sum(c.comm_s for c in costs) + sum(r.seconds for r in plan.redistributions)
     recompute = sum(c.recompute_s for c in costs)
-    sp = step_peak([(c.state_bytes, c.saved_bytes, c.transient_bytes) for c in costs], plan.options.bytes_per_param)
+    sp = step_peak([(c.state_bytes, c.saved_bytes, c.transient_bytes) for c in costs], plan.options.bytes_per_param,
+                   optimizer_bytes=opt)
     return Totals(peak_memory_bytes=sp.peak, model_state_bytes=states, activation_bytes=saved,
-                  transient_bytes=transient, released_bytes=sp.released, step_time_s=compute + comm + recompute,
+                  transient_bytes=transient, released_bytes=sp.released, optimizer_bytes=opt, step_time_s=compute + comm + recompute,
                   compute_s=compute, comm_s=comm, comm_bytes=sum(c.comm_bytes for c in costs)
                   + sum(r.comm_bytes for r in plan.redistributions), recompute_s=recompute)
 
@@ -108,18 +115,23 @@ def summary_table(plan: Plan) -> Table:
     table.add_row("mesh", f"{'x'.join(map(str, mesh.shape))} (axes {', '.join(mesh.axis_names)}), "
                           f"{plan.world_size} ranks, {mesh.ranks_per_node} per node")
     table.add_row("hardware", f"{plan.hardware.get('name', '?')}, {plan.options.device} semantics, "
-                              f"{plan.options.bytes_per_param} bytes per parameter")
+                              f"{plan.options.bytes_per_param} bytes per parameter"
+                              + (f", {plan.options.optimizer} AdamW" if plan.options.optimizer else ""))
     table.add_row("schemes", ", ".join(f"{name} x{n}" for name, n in scheme_counts(plan)) or "-")
     ckpt = f"{len(plan.checkpoint)} of {len(blocks)} blocks" + (f": {_names(plan.checkpoint)}" if plan.checkpoint
                                                                  else "")
     table.add_row("checkpointed", ckpt if blocks else "no repeated blocks")
     # the budget is checked against the sum with everything alive together (Predicted.bound_bytes)
     fits = "fits" if p.bound_bytes <= plan.budget_bytes else "DOES NOT FIT"
-    table.add_row("peak memory", f"{format_bytes(p.peak_memory_bytes)} per rank = states "
+    in_step = p.optimizer_bytes > 0 and p.peak_memory_bytes == p.model_state_bytes + p.optimizer_bytes
+    step = f", optimizer step {format_bytes(p.optimizer_bytes)} beside the states" if p.optimizer_bytes else ""
+    table.add_row("peak memory", f"{format_bytes(p.peak_memory_bytes)} per rank"
+                                 f"{' (in the optimizer step)' if in_step else ''}: states "
                                  f"{format_bytes(p.model_state_bytes)} + activations {format_bytes(p.activation_bytes)}"
-                                 f" + transient {format_bytes(p.transient_bytes)} - not alive together "
-                                 f"{format_bytes(p.released_bytes)} (the sum without it, "
-                                 f"{format_bytes(p.bound_bytes)}, {fits} the budget of {format_bytes(plan.budget_bytes)})")
+                                 f" + transient {format_bytes(p.transient_bytes)}{step}; "
+                                 f"{format_bytes(p.bound_bytes)} with everything alive together ("
+                                 f"{format_bytes(p.released_bytes)} of it not at the peak), {fits} the budget of "
+                                 f"{format_bytes(plan.budget_bytes)}")
     table.add_row("step time", f"{format_seconds(p.step_time_s)} = compute {format_seconds(p.compute_s)} + comm "
                                f"{format_seconds(p.comm_s)} + recompute {format_seconds(p.recompute_s)}")
     table.add_row("communication", f"{format_bytes(p.comm_bytes)} per rank per step, "

@@ -16,6 +16,7 @@ from cost_models.memory import (
     step_peak,
 )
 from cost_models.ops import OpNode
+from cost_models.optimizer import op_optimizer_bytes, optimizer_step_bytes, resolve_optimizer
 from cost_models.strategies.base import param_key, tensor_key
 from cost_models.strategy import Strategy
 from planner.plans.format import (
@@ -165,9 +166,13 @@ def solver_info(sol: Solution) -> SolverInfo:
 
 def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: HardwareProfile, *, budget_bytes: int,
                   device: str, bytes_per_param: int, checkpointing: bool, schemes: list[str] | None,
-                  seconds: dict[str, float] | None = None, input_mode: str = "full") -> Plan:
+                  seconds: dict[str, float] | None = None, input_mode: str = "full",
+                  optimizer: str | None = None) -> Plan:
     """The plan of `sol`; input_mode: how the caller passes inputs and gets outputs (`INPUT_MODES`), which
-    prices the conversion of the outputs to the caller's layout."""
+    prices the conversion of the outputs to the caller's layout; optimizer: the AdamW implementation the
+    step runs (`cost_models.optimizer`; default: torch's for `device`), whose temporaries the optimizer
+    step holds beside every state."""
+    optimizer = resolve_optimizer(optimizer, device)
     mesh = built.mesh
     nodes = {n.name: n for n in graph.nodes}
     pick = built.strategy_of(sol.choice)
@@ -329,7 +334,8 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
                             # A checkpointed op re-runs its forward collectives and those of the conversions into
                             # it (as recompute_s counts their seconds).
                             comm_bytes=cost.comm_bytes + (_forward_bytes(cost) + r_fwd_bytes if ck else 0),
-                            recompute_s=recompute)
+                            recompute_s=recompute, optimizer_bytes=op_optimizer_bytes(
+                                optimizer, cost.param_elems, cost.largest_param_elems, bytes_per_param))
         assignments.append(Assignment(
             node=op.name, target=op.target, kind=op.kind, scheme=strat.scheme, strategy=strat.label(),
             inputs=list(strat.inputs), outputs=list(strat.outputs), params=dict(strat.params),
@@ -341,16 +347,21 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
 
     states = sum(a.cost.state_bytes for a in assignments)
     acts = sum(a.cost.saved_bytes for a in assignments)
+    # The optimizer step holds its temporaries and the caller's inputs beside every state (and nothing the
+    # backward saved): the bound is states + the larger of (activations + transient) and that.
+    step_bytes = optimizer_step_bytes(optimizer, (a.cost.optimizer_bytes for a in assignments),
+                                      [(n.out.shape, n.out.itemsize) for n in graph.nodes if n.kind == "input"],
+                                      input_mode, mesh)
     trans = max((a.cost.transient_bytes for a in assignments), default=0)
     compute = sum(a.cost.compute_s for a in assignments)
     comm = sum(a.cost.comm_s for a in assignments) + sum(r.seconds for r in redists)
     recompute = sum(a.cost.recompute_s for a in assignments)
     # The step's peak: the backward op (or the optimizer step) where the most is alive together.
     sp = step_peak([(a.cost.state_bytes, a.cost.saved_bytes, a.cost.transient_bytes) for a in assignments],
-                   bytes_per_param)
+                   bytes_per_param, optimizer_bytes=step_bytes)
     predicted = Predicted(
         peak_memory_bytes=sp.peak, model_state_bytes=states, activation_bytes=acts,
-        transient_bytes=trans, released_bytes=sp.released, step_time_s=compute + comm + recompute,
+        transient_bytes=trans, released_bytes=sp.released, optimizer_bytes=step_bytes, step_time_s=compute + comm + recompute,
         compute_s=compute, comm_s=comm,
         comm_bytes=sum(a.cost.comm_bytes for a in assignments) + sum(r.comm_bytes for r in redists),
         recompute_s=recompute, per_op=per_op,
@@ -361,4 +372,4 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
                 hardware=hw.to_json(), assignments=assignments, redistributions=redists,
                 checkpoint=sorted(ckpt, key=lambda b: [x.name for x in graph.blocks].index(b)),
                 predicted=predicted, solver=solver,
-                options=PlanOptions(bytes_per_param, device, checkpointing, schemes, input_mode))
+                options=PlanOptions(bytes_per_param, device, checkpointing, schemes, input_mode, optimizer))

@@ -10,13 +10,19 @@ Accounting contract (what `planner explain` adds up; per rank, one training step
 * `predicted.model_state_bytes` = sum of `assignments[].cost.state_bytes`;
 * `predicted.activation_bytes` = sum of `cost.saved_bytes` (each op's activations as kept *in this plan*:
   0 inside a checkpointed block, whose kept input is charged to the op that reads it);
+* `predicted.optimizer_bytes` = what the optimizer step holds beside every state: its temporaries, from
+  `cost.optimizer_bytes` (what each op's parameters make it hold) by `options.optimizer`'s rule (the
+  largest for single_tensor, the sum for foreach), and the caller's `model.inputs` in the caller's layout
+  (`cost_models.optimizer.optimizer_step_bytes`); 0 in plans without `options.optimizer`;
 * `predicted.transient_bytes` = max of `cost.transient_bytes` (a checkpointed block's recomputed
   activations count as transient memory of its ops);
-* `predicted.released_bytes` = what states + activations + transient count that is not alive at the
-  step's peak (gradients not yet computed and activations already freed when the backward reaches the
-  op where memory peaks), by `cost_models.memory.step_peak` over the assignments in order;
-* `predicted.peak_memory_bytes` = model states + activations + transient - released (checked on load);
-  the budget is checked against `predicted.bound_bytes` = model states + activations + transient;
+* `predicted.bound_bytes` (derived, not stored) = model states + max(activations + transient, optimizer):
+  the backward with every gradient and saved activation alive together, or the optimizer step; the
+  budget is checked against it;
+* `predicted.released_bytes` = what the bound counts that is not alive at the step's peak (gradients not
+  yet computed and activations already freed when the backward reaches the op where memory peaks), by
+  `cost_models.memory.step_peak` over the assignments in order;
+* `predicted.peak_memory_bytes` = bound - released (checked on load);
 * `predicted.compute_s` = sum of `cost.compute_s`; `predicted.comm_s` = sum of `cost.comm_s` + sum of
   `redistributions[].seconds`; `predicted.comm_bytes` likewise with bytes;
 * `predicted.recompute_s` = sum of `cost.recompute_s` (0 for ops outside checkpointed blocks; includes the
@@ -40,6 +46,7 @@ from cost_models.layout import Layout, LayoutError
 from cost_models.memory import DEVICE_KINDS
 from cost_models.mesh import Mesh
 from cost_models.ops import DTYPE_BYTES
+from cost_models.optimizer import OPTIMIZER_IMPLS
 from cost_models.strategy import SCHEMES, Strategy
 from planner.plans.json_io import REPLAN, JsonReader, PlanError, describe, format_json, read_mesh, to_data
 
@@ -93,6 +100,7 @@ class AssignmentCost:
     comm_s: float
     comm_bytes: int
     recompute_s: float
+    optimizer_bytes: int = 0  # what its parameters make the optimizer step hold (absent in older plans: 0)
 
 
 @dataclass
@@ -152,7 +160,7 @@ class OpPrediction:
 
 @dataclass
 class Predicted:
-    """Predicted per-rank peak memory (= model states + activations + transient - released) and step time."""
+    """Predicted per-rank peak memory (= `bound_bytes` - released) and step time."""
 
     peak_memory_bytes: int
     model_state_bytes: int
@@ -164,6 +172,7 @@ class Predicted:
     comm_bytes: int
     recompute_s: float
     released_bytes: int = 0  # absent in plans written before it existed, whose peak was the bound
+    optimizer_bytes: int = 0  # the optimizer step's beyond the states (absent in plans written before it was counted)
     per_op: list[OpPrediction] = field(default_factory=list, repr=False)
 
     def __repr__(self) -> str:
@@ -175,9 +184,10 @@ class Predicted:
     @property
     def bound_bytes(self) -> int:
         """What the budget is checked against: model states + activations + transient, every gradient and
-        saved activation counted alive together (the solver's memory model, >= the peak). The planner
-        keeps plans whose bound fits, so a budget that the reported minimum meets can be planned again."""
-        return self.model_state_bytes + self.activation_bytes + self.transient_bytes
+        saved activation counted alive together (the solver's memory model, >= the peak), or model states +
+        what the optimizer step holds beside them where that is more. The planner keeps plans whose bound
+        fits, so a budget that the reported minimum meets can be planned again."""
+        return self.model_state_bytes + max(self.activation_bytes + self.transient_bytes, self.optimizer_bytes)
 
 
 @dataclass
@@ -205,13 +215,16 @@ class PlanOptions:
     schemes: the schemes the heavy ops were restricted to, None when every scheme was allowed; inputs: how
     the caller passes inputs and receives outputs (one of INPUT_MODES; `apply_plan` runs it that way), which
     the memory model prices: "full" gathers every output whole on every rank (e.g. a language model's
-    logits), "sharded" leaves each rank its block of the batch."""
+    logits), "sharded" leaves each rank its block of the batch; optimizer: the torch AdamW implementation
+    whose step temporaries were priced (`cost_models.optimizer.OPTIMIZER_IMPLS`; `optimizer_kwargs` builds
+    it), None in plans written before they were counted."""
 
     bytes_per_param: int
     device: str
     checkpointing: bool
     schemes: list[str] | None
     inputs: str = "full"  # absent in plans written before it existed, which were priced for "full"
+    optimizer: str | None = None
 
 
 @dataclass
@@ -395,6 +408,8 @@ def _check_plan(plan: Plan) -> None:
         raise PlanError(f"options.device: {plan.options.device!r} is not one of {', '.join(DEVICE_KINDS)}")
     if plan.options.inputs not in INPUT_MODES:
         raise PlanError(f"options.inputs: {plan.options.inputs!r} is not one of {', '.join(INPUT_MODES)}")
+    if plan.options.optimizer is not None and plan.options.optimizer not in OPTIMIZER_IMPLS:
+        raise PlanError(f"options.optimizer: {plan.options.optimizer!r} is not one of {', '.join(OPTIMIZER_IMPLS)}")
     if plan.options.bytes_per_param <= 0:
         raise PlanError("options.bytes_per_param: must be positive (16 for fp32 Adam, 18 for bf16 mixed)")
     if plan.solver.status not in SOLVER_STATUSES:
@@ -402,7 +417,8 @@ def _check_plan(plan: Plan) -> None:
     if plan.budget_bytes < 1:
         raise PlanError("budget_bytes: must be at least 1 byte")
     p = plan.predicted
-    if p.peak_memory_bytes != p.model_state_bytes + p.activation_bytes + p.transient_bytes - p.released_bytes:
+    if p.peak_memory_bytes != p.bound_bytes - p.released_bytes:
         raise PlanError(f"predicted.peak_memory_bytes: {p.peak_memory_bytes} is not model_state_bytes + "
-                        f"activation_bytes + transient_bytes - released_bytes = {p.model_state_bytes} + "
-                        f"{p.activation_bytes} + {p.transient_bytes} - {p.released_bytes}; {REPLAN}")
+                        f"max(activation_bytes + transient_bytes, optimizer_bytes) - released_bytes = "
+                        f"{p.model_state_bytes} + max({p.activation_bytes} + {p.transient_bytes}, {p.optimizer_bytes})"
+                        f" - {p.released_bytes}; {REPLAN}")

@@ -95,6 +95,12 @@ class _PlanAccount:
         self.last = (sol, plan)
         return plan.predicted.bound_bytes
 
+    def step_binds(self, sol: Solution) -> bool:
+        """Whether the optimizer step sets `sol`'s bound: it holds more beside the states than the backward's
+        activations and transient (`Predicted.bound_bytes`)."""
+        p = self.plan(sol).predicted
+        return p.optimizer_bytes > p.activation_bytes + p.transient_bytes
+
     def plan(self, sol: Solution) -> Plan:
         """The plan of `sol`; its solver block as `sol` says now (`solve` raises the bound and adds notes after
         measuring the answer)."""
@@ -120,7 +126,8 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
 
     def fit(cap: int, loosen: int = 0) -> Solution:
         return solve(built.problem, budget=cap, solver=solver, time_limit=time_limit, account=account,
-                     loosen=loosen, beaten=beaten, memo=memo)
+                     loosen=loosen, beaten=beaten, memo=memo, step_problem=built.step_problem,
+                     step_binds=account.step_binds)
 
     # Model states count whatever the assignment: a budget below their least sum (planning at 1 byte to
     # learn the smallest budget) goes straight to the least-memory search instead of a solve that only
@@ -187,7 +194,7 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
         # each round starts that much below its limit: its answers are alike, and a round that starts at the
         # limit is sent back for that excess first (HF GPT-2, 8 ranks: two solves of 2 s each saved)
         sol = solve(built.problem, budget=limit - 1, solver=solver, time_limit=time_limit, account=account,
-                    loosen=-excess, memo=memo)
+                    loosen=-excess, memo=memo, step_problem=built.step_problem, step_binds=account.step_binds)
         if sol.status not in ("optimal", "feasible"):
             break
         q = account.plan(sol)

@@ -19,7 +19,7 @@ takes under every choice, so a solution can be turned back into per-op assignmen
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from cost_models.layout import Layout
 from cost_models.memory import conversion_pair_working_set
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
+from cost_models.optimizer import op_optimizer_bytes, resolve_optimizer, solver_optimizer_bytes
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import HEAVY_SCHEMES, OpCost, SavedTensor, Strategy
 from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, SharedInput
@@ -90,6 +91,9 @@ class BuiltProblem:
     not_offered: dict[str, list[str]]
     decision_of: dict[str, str]
     unsupported: list[str] = field(default_factory=list)
+    # `problem` with the optimizer step counted in its memory row too (None when the step holds nothing
+    # beyond the states): `solve`'s fallback where the step is what an answer does not fit
+    step_problem: Problem | None = None
 
     def strategy_of(self, choice: dict[str, int]) -> dict[str, int]:
         """Per-op strategy index for a per-decision choice."""
@@ -313,11 +317,17 @@ def group_decisions(graph: ModelGraph, en: Enumerated) -> Grouped:
     return g
 
 
-def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int) -> tuple[list[ProblemNode], dict[str, str]]:
+def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int, optimizer: str
+                  ) -> tuple[list[ProblemNode], dict[str, str], list[ProblemNode]]:
     """One ProblemNode per decision, its choices priced by summing its ops' costs; and, per decision
-    identical to one of the previous block (same template ops, same members), that decision's name."""
+    identical to one of the previous block (same template ops, same members), that decision's name; and
+    the same nodes with what their parameters make the optimizer step hold counted in their states or as
+    one more candidate of their transients (`cost_models.optimizer.solver_optimizer_bytes`): the memory row
+    of those covers the step too (the step problem, `BuiltProblem.step_problem`)."""
     pnodes: list[ProblemNode] = []
+    step_nodes: list[ProblemNode] = []
     priced: dict[str, list[Choice]] = {}
+    with_step: dict[str, list[Choice]] = {}
     same_decision: dict[str, str] = {}
     for d in g.decisions.values():
         t_ops = [en.copied.get(op) for op in d.ops]
@@ -325,12 +335,15 @@ def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int) -> tuple[lis
             dt = g.decisions[g.decision_of[t_ops[0]]]
             if dt.ops == t_ops and dt.members == d.members:
                 same_decision[d.name] = dt.name
-                priced[d.name] = priced[dt.name]
+                priced[d.name], with_step[d.name] = priced[dt.name], with_step[dt.name]
                 pnodes.append(ProblemNode(d.name, list(priced[d.name]), d.block, _labels(d, en.strategies)))
+                step_nodes.append(ProblemNode(d.name, list(with_step[d.name]), d.block, pnodes[-1].labels))
                 continue
-        choices = []
+        choices, step_choices = [], []
         for c in range(len(d.members[0])):
             oc = [en.costs[op][idx[c]] for op, idx in zip(d.ops, d.members)]
+            step = [solver_optimizer_bytes(optimizer, op_optimizer_bytes(optimizer, x.param_elems, x.largest_param_elems,
+                                                                         bytes_per_param)) for x in oc]
             saved: dict[str, int] = {}
             for cost in oc:
                 for t in cost.saved:
@@ -340,11 +353,14 @@ def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int) -> tuple[lis
                 recompute_s=sum(x.recompute_s for x in oc),
                 state_bytes=sum(x.state_bytes for x in oc),
                 saved_bytes=sum(saved.values()),
-                transient_bytes=max((x.transient_bytes for x in oc), default=0),
+                transient_bytes=max(x.transient_bytes for x in oc),
             ))
-        priced[d.name] = choices
+            step_choices.append(replace(choices[-1], state_bytes=choices[-1].state_bytes + sum(s for s, _ in step),
+                                        transient_bytes=max([choices[-1].transient_bytes] + [t for _, t in step])))
+        priced[d.name], with_step[d.name] = choices, step_choices
         pnodes.append(ProblemNode(d.name, choices, d.block, _labels(d, en.strategies)))
-    return pnodes, same_decision
+        step_nodes.append(ProblemNode(d.name, step_choices, d.block, pnodes[-1].labels))
+    return pnodes, same_decision, step_nodes
 
 
 _NO_EDGE = (0.0, 0.0, 0)
@@ -493,19 +509,24 @@ def block_specs(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped) -> tu
 
 def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_bytes: int, *,
                   device: str = "cuda", bytes_per_param: int = 16, schemes: frozenset[str] | None = None,
-                  checkpointing: bool = True, input_mode: str = "full") -> BuiltProblem:
+                  checkpointing: bool = True, input_mode: str = "full", optimizer: str | None = None) -> BuiltProblem:
     """The solver's problem for `graph` on `mesh`, in four stages with plain data between them: enumerate
     and cost each op's strategies, group followers into their producers' decisions, price choices and
     edges, and list the checkpointable blocks. input_mode: how the caller gets the outputs (`INPUT_MODES`),
-    which prices their conversion."""
+    which prices their conversion; optimizer: the AdamW implementation the step runs (`OPTIMIZER_IMPLS`;
+    default: torch's for `device`)."""
     mark_graph_hints(graph.nodes)  # fused q/k/v outputs and transposed matmul operands (idempotent)
     en = enumerate_ops(graph, mesh, hw, device=device, bytes_per_param=bytes_per_param, schemes=schemes)
     g = group_decisions(graph, en)
-    pnodes, same_decision = price_choices(en, g, bytes_per_param)
+    pnodes, same_decision, step_nodes = price_choices(en, g, bytes_per_param, resolve_optimizer(optimizer, device))
     pedges = price_edges(graph, mesh, hw, en, g, same_decision, input_mode)
     pedges += tied_edges(graph, mesh, en, g)
     blocks, shared = block_specs(graph, mesh, en, g)
     problem = Problem(pnodes, pedges, blocks, int(budget_bytes), checkpointing=checkpointing,
                       uniform_groups=UNIFORM_GROUPS, shared_inputs=shared)
+    step_problem = None
+    if any(s != p for sn, pn in zip(step_nodes, pnodes) for s, p in zip(sn.choices, pn.choices)):
+        step_problem = Problem(step_nodes, pedges, blocks, int(budget_bytes), checkpointing=checkpointing,
+                               uniform_groups=UNIFORM_GROUPS, shared_inputs=shared)
     return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,
-                        g.decision_of, en.unsupported)
+                        g.decision_of, en.unsupported, step_problem)

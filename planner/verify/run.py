@@ -2,7 +2,8 @@
 
 Started on every rank by torchrun (`torchrun --standalone --nproc-per-node 8 -m planner verify ...`; gloo on
 CPU, NCCL with one GPU per rank). Each rank builds the dense model from `--seed`, applies the plan, runs
-one forward and backward of both on the same inputs and then `--steps` AdamW steps of both, and checks:
+one forward and backward of both on the same inputs and then `--steps` AdamW steps of both (the AdamW
+implementation the plan was priced for: `options.optimizer`), and checks:
 
 * numerics: the largest relative error of the outputs, the loss, every parameter gradient and (after the
   steps) every parameter and each step's loss, against `--tol`; gradients and parameters per tensor on
@@ -126,6 +127,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
     import torch
     import torch.distributed as dist
 
+    from cost_models.optimizer import optimizer_kwargs
     from layers3d.comm import CommCounter
     from layers3d.inflight import tracked
     from planner.apply.agree import agree, inputs_digest, model_digest, plan_digest
@@ -206,13 +208,14 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
                              if not by_kind_equal(comm, report.predicted_comm)]
     if peak:
         report.step_peak = [int(p) for _, _, p in gathered]
-        report.predicted_step_peak = plan.predicted.activation_bytes + plan.predicted.transient_bytes
+        report.predicted_step_peak = plan.predicted.bound_bytes - plan.predicted.model_state_bytes
 
     # --- training steps ------------------------------------------------------------------------------
+    adamw = optimizer_kwargs(plan.options.optimizer)  # the AdamW implementation whose step the plan priced
     if steps > 0:
         before = {k: v.detach().clone() for k, v in dense.state_dict().items() if v.is_floating_point()}
-        opt_d = torch.optim.AdamW(dense.parameters(), lr=lr, eps=adam_eps)
-        opt_p = torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps)
+        opt_d = torch.optim.AdamW(dense.parameters(), lr=lr, eps=adam_eps, **adamw)
+        opt_p = torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps, **adamw)
         for k in range(steps):
             if k > 0:
                 for model in (dense, parallel):
@@ -236,7 +239,7 @@ def run_verify(spec: str, plan_path: str, *, steps: int = 0, tol: float = 1e-5, 
 
     parallel.zero_grad(set_to_none=True)
     peak_p = step_peak_bytes(parallel, lambda: _loss(_call(parallel, local)),
-                             torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps))
+                             torch.optim.AdamW(parallel.parameters(), lr=lr, eps=adam_eps, **adamw))
     where = f"in the {peak_p['peak_phase']}, after {peak_p['peak_op']}" if peak_p["peak_op"] else ""
     peaks: list = [None] * dist.get_world_size()
     with tracked("all_gather_object", (), "measured peak memory"):

@@ -29,7 +29,16 @@ from planner.search.solve.ilp import build_flat, flat_pairs, flat_size
 from planner.search.solve.indexed import IndexedProblem, ProblemError, fold_fixed_edges, fold_shared_inputs
 from planner.search.solve.milp import Progress, SolverError, resolve_solver
 from planner.search.solve.min_budget import SolveMemo
-from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, SharedInput, Solution
+from planner.search.solve.problem import (
+    NOT_PROVEN,
+    Block,
+    Choice,
+    Problem,
+    ProblemEdge,
+    ProblemNode,
+    SharedInput,
+    Solution,
+)
 from planner.search.solve.two_level import TwoLevel
 
 __all__ = [
@@ -83,7 +92,8 @@ def _flat_starts(ip: IndexedProblem) -> dict[str, tuple[list[int], list[int]] | 
 
 def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs", time_limit: float | None = None,
           method: str = "auto", progress: bool = False, account: Callable[[Solution], int] | None = None,
-          loosen: int = 0, beaten: Callable[[float], bool] | None = None, memo: SolveMemo | None = None) -> Solution:
+          loosen: int = 0, beaten: Callable[[float], bool] | None = None, memo: SolveMemo | None = None,
+          step_problem: Problem | None = None, step_binds: Callable[[Solution], bool] | None = None) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
@@ -120,6 +130,13 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         depend on the budget: the priced search's least-memory answer), shared by this solve's rounds;
         a caller solving one problem at several budgets passes the same one to each (`plan_mesh`).
 
+    step_problem: `problem` with the optimizer step counted in its memory row too (on the safe side: beside
+        the saved activations, where the step holds none), and step_binds(answer): whether the optimizer
+        step is what the account finds the answer does not fit. `problem`, whose row is the backward's
+        alone, is solved first (its optimum is a lower bound of the true one); once an answer does not fit
+        because of its step, the rounds go on with `step_problem`, whose answers fit the step. Only the
+        rounds of `problem` give the answer's lower bound (`step_problem` is a restriction).
+
     A round's lower bound holds for every later round (their budgets are tighter), so the answer's bound is
     the best of all rounds; the priced search's most expensive bound (by ranges of max-term levels) runs
     once, for the answer returned, and only where the answer is still more than 5 % above that bound.
@@ -142,6 +159,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     shrink = -int(loosen)
     proven = -math.inf  # the best lower bound of the rounds so far (they hold for every tighter budget)
     lift: Callable[[Solution], Solution | None] | None = None
+    restricted = False  # solving step_problem: its bounds are not the true problem's
     for _ in range(FIT_ROUNDS):
         if beaten is not None and beaten(proven):
             return Solution.beaten_by_elsewhere(proven, time.perf_counter() - start)
@@ -149,12 +167,18 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         if sol.status == "beaten":
             lift = None
             break
-        if math.isfinite(sol.bound):
+        if math.isfinite(sol.bound) and not restricted:
             proven = max(proven, sol.bound)
         if sol.status in ("optimal", "feasible"):
             used = measure(sol)
             if used <= budget:
                 break
+            if step_problem is not None and not restricted and step_binds is not None and step_binds(sol):
+                # The optimizer step is what does not fit: solve the problem that counts it, at the same budget.
+                log.info("answer's optimizer step takes %d B against a budget of %d B; solving with the step "
+                         "counted", used, budget)
+                problem, memo, restricted = step_problem, SolveMemo(step_problem), True
+                continue
             # Tighten so that the next answer, carrying what this one counts beyond the formulas, fits. The
             # answer need not have been at the round's budget (gpt3-175b on 4x4x4 at 160 GiB: 17 MB below
             # it, 0.1 MB more in the plan), so tightening by the excess alone can return the same answer
@@ -174,6 +198,10 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     else:
         sol, lift = _unfit(problem, budget, shrink, account, name, deadline, method, progress, memo), None
     if sol.status in ("optimal", "feasible"):
+        if restricted:  # step_problem's bound holds for its restriction only: the rounds of `problem` give it
+            sol.bound, sol.gap, sol.status = float("nan"), float("nan"), "feasible"
+            notes = [m for m in sol.message.split("; ") if m and m != NOT_PROVEN]
+            sol.message = "; ".join([NOT_PROVEN, *notes, "solved with the optimizer step counted beside the activations"])
         sol.raise_bound(proven, GAP_TOLERANCE)
         if lift is not None:
             # the flat ILP's answer from the priced one, where that is small (method "auto"), is kept where

@@ -134,9 +134,9 @@ def test_summary_splits_memory_and_time() -> None:
     assert rows["mesh"] == "2x2x2 (axes x, y, z), 8 ranks, 8 per node"
     assert rows["schemes"] == "3d x2, vocab x1"
     assert rows["checkpointed"] == "1 of 1 blocks: h.0"
-    assert rows["peak memory"] == ("21.8 MiB per rank = states 21.0 MiB + activations 388.0 KiB + transient 3.0 MiB "
-                                   "- not alive together 2.6 MiB (the sum without it, 24.4 MiB, fits the budget of "
-                                   "64.0 MiB)")
+    assert rows["peak memory"] == ("21.8 MiB per rank: states 21.0 MiB + activations 388.0 KiB + transient 3.0 MiB; "
+                                   "24.4 MiB with everything alive together (2.6 MiB of it not at the peak), fits the "
+                                   "budget of 64.0 MiB")
     assert rows["step time"] == "2.09 ms = compute 790 µs + comm 660 µs + recompute 638 µs"
     assert rows["solver"] == "highs optimal in 125 ms, gap 0.00%, flat"
 

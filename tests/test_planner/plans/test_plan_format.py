@@ -30,16 +30,17 @@ def test_json_keys_follow_the_contract() -> None:
     assert set(data["assignments"][0]) == {"node", "target", "kind", "scheme", "strategy", "inputs", "outputs",
                                            "params", "options", "block", "module_path", "cost", "not_offered"}
     assert set(data["assignments"][0]["cost"]) == {"state_bytes", "saved_bytes", "transient_bytes", "compute_s",
-                                                   "comm_s", "comm_bytes", "recompute_s"}
+                                                   "comm_s", "comm_bytes", "recompute_s", "optimizer_bytes"}
     assert set(data["redistributions"][0]) == {"src", "dst", "shape", "src_layout", "dst_layout", "steps",
                                                "comm_bytes", "seconds"}
     assert set(data["predicted"]) == {"peak_memory_bytes", "model_state_bytes", "activation_bytes",
-                                      "transient_bytes", "released_bytes", "step_time_s", "compute_s", "comm_s", "comm_bytes",
+                                      "transient_bytes", "released_bytes", "optimizer_bytes", "step_time_s", "compute_s", "comm_s", "comm_bytes",
                                       "recompute_s", "per_op"}
     assert set(data["predicted"]["per_op"][0]) == {"node", "scheme", "time_s", "comm_bytes", "state_bytes",
                                                    "saved_bytes"}
     assert set(data["solver"]) == {"name", "status", "objective", "gap", "seconds", "method", "bound", "message"}
-    assert set(data["options"]) == {"bytes_per_param", "device", "checkpointing", "schemes", "inputs"}
+    assert set(data["options"]) == {"bytes_per_param", "device", "checkpointing", "schemes", "inputs",
+                                     "optimizer"}
     assert data["assignments"][1]["inputs"][0] == {"dims": [[], ["x", "y"], ["z"]]}
 
 
@@ -225,6 +226,7 @@ BAD_FILES = {
     "per-op node": (_edit(_set("predicted.per_op.0.node", "ghost")), "predicted.per_op[0].node: 'ghost'"),
     "checkpoint block": (_edit(_set("checkpoint", ["h.7"])), "checkpoint[0]: block 'h.7'"),
     "device": (_edit(_set("options.device", "tpu")), "options.device: 'tpu'"),
+    "optimizer": (_edit(_set("options.optimizer", "adam")), "options.optimizer: 'adam' is not one of single_tensor"),
     "solver status": (_edit(_set("solver.status", "great")), "solver.status: 'great'"),
 }
 

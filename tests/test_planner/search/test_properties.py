@@ -113,8 +113,8 @@ def _check_feasible(p: Plan, budget: int) -> None:
     assert p.feasible and p.solver.status in ("optimal", "feasible"), p.solver
     assert p.budget_bytes == budget
     assert p.predicted.peak_memory_bytes <= p.predicted.bound_bytes <= budget, (p.predicted.bound_bytes, budget)
-    assert p.predicted.bound_bytes == (p.predicted.model_state_bytes + p.predicted.activation_bytes
-                                       + p.predicted.transient_bytes)
+    assert p.predicted.bound_bytes == p.predicted.model_state_bytes + max(
+        p.predicted.activation_bytes + p.predicted.transient_bytes, p.predicted.optimizer_bytes)
     assert p.predicted.peak_memory_bytes == p.predicted.bound_bytes - p.predicted.released_bytes
 
 

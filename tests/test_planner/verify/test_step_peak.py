@@ -30,6 +30,12 @@ def test_step_peak_walks_the_backward() -> None:
     assert (sp.peak, sp.at, sp.transient) == (6010, 2, 500)
     assert sp.released == 4800 + 1110 + 500 - 6010  # op 0's gradient, not yet computed
     assert step_peak([(1600, 0, 0)], 16).at is None  # nothing saved or transient: the optimizer step
+    # what the optimizer step holds beside every state (nothing saved is alive by then)
+    sp = step_peak(ops, 16, optimizer_bytes=2000)
+    assert (sp.peak, sp.at, sp.transient, sp.released) == (4800 + 2000, None, 2000, 0)
+    sp = step_peak(ops, 16, optimizer_bytes=1300)  # below the bound's backward term, above the backward's peak
+    assert (sp.peak, sp.at, sp.released) == (4800 + 1300, None, 1110 + 500 - 1300)
+    assert step_peak(ops, 16, optimizer_bytes=100) == step_peak(ops, 16)  # below the backward's peak
     assert step_peak([], 16).peak == 0
     assert grad_bytes_per_param("fp32_adam") == grad_bytes_per_param("bf16_mixed") == 4
     assert grad_bytes_per_param("inference") == 0
