@@ -163,7 +163,10 @@ def stored_placement(layer: nn.Module, attr: str, shape: tuple[int, ...]) -> Par
 class TiedLayer(nn.Module):
     """A layer whose parameters `ties` live in another layer (tied weights): before each call the home
     parameter is redistributed to this layer's layout (tag "tied") and set in place of its own, so the
-    gradient of both uses accumulates in the home parameter."""
+    gradient of both uses accumulates in the home parameter. The copy is taken off the layer after the
+    call: it lives on only where autograd saved it, as the plan counts it (a saved activation, freed by the
+    backward), not through the optimizer step (HF BERT's tied decoder at batch 1 x 8 on 8 ranks: a
+    131,072 B copy kept on the layer measured 6.9 % above the predicted peak, in the optimizer step)."""
 
     def __init__(self, layer: nn.Module, ties: dict[str, ParamHome], layouts: dict[str, Layout],
                  mesh: DeviceMesh) -> None:
@@ -179,4 +182,8 @@ class TiedLayer(nn.Module):
             src = getattr(home.layer, home.attr)
             setattr(self.layer, attr, redistribute(src, home.layout, self._layouts[attr], self.mesh, home.shape,
                                                    tag="tied"))
-        return self.layer(*args)
+        try:
+            return self.layer(*args)
+        finally:
+            for attr in self._ties:
+                delattr(self.layer, attr)
