@@ -123,11 +123,12 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
         return MeshResult(mesh, unavailable=str(e))
     account = _PlanAccount(built, assemble)
     memo = SolveMemo(built.problem)  # the least-memory answer, found once for every solve below
+    step_memo = SolveMemo(built.step_problem)
 
     def fit(cap: int, loosen: int = 0) -> Solution:
         return solve(built.problem, budget=cap, solver=solver, time_limit=time_limit, account=account,
                      loosen=loosen, beaten=beaten, memo=memo, step_problem=built.step_problem,
-                     step_binds=account.step_binds)
+                     step_binds=account.step_binds, step_memo=step_memo)
 
     # Model states count whatever the assignment: a budget below their least sum (planning at 1 byte to
     # learn the smallest budget) goes straight to the least-memory search instead of a solve that only
@@ -186,7 +187,7 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
     solves, where (8,)'s least-memory plan took 453,392 B.)"""
     built = build(mesh)
     account = _PlanAccount(built, assemble)
-    memo = SolveMemo(built.problem)
+    memo, step_memo = SolveMemo(built.problem), SolveMemo(built.step_problem)
     limit = smallest if target is None else min(smallest, target)
     # what the plan counted beyond the solver's formulas for the last answer, at first the least-memory one's
     excess = 0 if least_peak is None else max(0, smallest - least_peak)
@@ -194,7 +195,8 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
         # each round starts that much below its limit: its answers are alike, and a round that starts at the
         # limit is sent back for that excess first (HF GPT-2, 8 ranks: two solves of 2 s each saved)
         sol = solve(built.problem, budget=limit - 1, solver=solver, time_limit=time_limit, account=account,
-                    loosen=-excess, memo=memo, step_problem=built.step_problem, step_binds=account.step_binds)
+                    loosen=-excess, memo=memo, step_problem=built.step_problem, step_binds=account.step_binds,
+                    step_memo=step_memo)
         if sol.status not in ("optimal", "feasible"):
             break
         q = account.plan(sol)

@@ -93,7 +93,8 @@ def _flat_starts(ip: IndexedProblem) -> dict[str, tuple[list[int], list[int]] | 
 def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs", time_limit: float | None = None,
           method: str = "auto", progress: bool = False, account: Callable[[Solution], int] | None = None,
           loosen: int = 0, beaten: Callable[[float], bool] | None = None, memo: SolveMemo | None = None,
-          step_problem: Problem | None = None, step_binds: Callable[[Solution], bool] | None = None) -> Solution:
+          step_problem: Problem | None = None, step_binds: Callable[[Solution], bool] | None = None,
+          step_memo: SolveMemo | None = None) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
@@ -135,7 +136,8 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         step is what the account finds the answer does not fit. `problem`, whose row is the backward's
         alone, is solved first (its optimum is a lower bound of the true one); once an answer does not fit
         because of its step, the rounds go on with `step_problem`, whose answers fit the step. Only the
-        rounds of `problem` give the answer's lower bound (`step_problem` is a restriction).
+        rounds of `problem` give the answer's lower bound (`step_problem` is a restriction). step_memo: the
+        `SolveMemo` of `step_problem`, as `memo` is of `problem`.
 
     A round's lower bound holds for every later round (their budgets are tighter), so the answer's bound is
     the best of all rounds; the priced search's most expensive bound (by ranges of max-term levels) runs
@@ -177,7 +179,8 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
                 # The optimizer step is what does not fit: solve the problem that counts it, at the same budget.
                 log.info("answer's optimizer step takes %d B against a budget of %d B; solving with the step "
                          "counted", used, budget)
-                problem, memo, restricted = step_problem, SolveMemo(step_problem), True
+                problem, restricted = step_problem, True
+                memo = step_memo if step_memo is not None and step_memo.problem is step_problem else SolveMemo(problem)
                 continue
             # Tighten so that the next answer, carrying what this one counts beyond the formulas, fits. The
             # answer need not have been at the round's budget (gpt3-175b on 4x4x4 at 160 GiB: 17 MB below
