@@ -25,7 +25,6 @@ import numpy as np
 
 from cost_models import schemes as schemes_mod
 from cost_models.edges import edge_cost, grad_flow, output_working_set
-from cost_models.errors import PlannerError
 from cost_models.hardware import HardwareProfile
 from cost_models.layout import Layout
 from cost_models.memory import conversion_pair_working_set
@@ -34,39 +33,12 @@ from cost_models.ops import OpNode
 from cost_models.optimizer import op_optimizer_bytes, resolve_optimizer, solver_optimizer_bytes
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import HEAVY_SCHEMES, OpCost, SavedTensor, Strategy
+from planner.search.schemes import SchemeError, SchemeUnavailable, expand_schemes, restrict_schemes
 from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, SharedInput
 from planner.search.tied import copy_bytes, tied_uses
 from planner.trace.graph import ModelGraph
 
 __all__ = ["BuiltProblem", "Decision", "build_problem", "expand_schemes", "SchemeError", "SchemeUnavailable"]
-
-
-class SchemeError(PlannerError, ValueError):
-    """An unknown scheme name in `schemes=`."""
-
-
-class SchemeUnavailable(SchemeError):
-    """The requested schemes cannot run the model's linear ops on this mesh shape (the planner skips it)."""
-
-
-def expand_schemes(schemes: list[str] | tuple[str, ...] | str | None) -> frozenset[str] | None:
-    """User scheme names -> strategy scheme names ("1d" covers 1d_col and 1d_row)."""
-    if schemes is None:
-        return None
-    if isinstance(schemes, str):
-        schemes = [s for s in schemes.split(",") if s.strip()]
-    out: set[str] = set()
-    for s in schemes:
-        s = s.strip()
-        if s in schemes_mod.BASELINE_SCHEMES:
-            out |= set(schemes_mod.UNIFORM_GROUPS[schemes_mod.BASELINE_SCHEMES.index(s)])
-        elif s in HEAVY_SCHEMES:
-            out.add(s)
-        else:
-            raise SchemeError(f"unknown scheme {s!r}; use any of: " + ", ".join(schemes_mod.USER_SCHEMES))
-    if not out:
-        raise SchemeError("schemes= is empty; leave it out to allow every scheme")
-    return frozenset(out)
 
 
 @dataclass
@@ -194,21 +166,6 @@ def _labels(d: Decision, strategies: dict[str, list[Strategy]]) -> list[str] | N
     return labels if any(x in HEAVY_SCHEMES for x in labels) else None
 
 
-def _restrict(op: OpNode, strategies: list[Strategy], reasons: list[str], allowed: frozenset[str] | None):
-    """Keep only allowed heavy schemes, when the op offers any of them."""
-    if allowed is None:
-        return strategies, reasons
-    keep = [s for s in strategies if s.scheme in allowed]
-    if not keep:
-        if op.kind == "linear":
-            raise SchemeUnavailable(f"{op.name}: none of {sorted(allowed)} is offered on this mesh")
-        return strategies, reasons
-    dropped = sorted({s.scheme for s in strategies if s.scheme not in allowed})
-    if dropped:
-        reasons = reasons + [f"{', '.join(dropped)}: excluded by schemes={sorted(allowed)}"]
-    return keep, reasons
-
-
 def _join_producer(op: OpNode, found: list[Strategy], nodes: dict[str, OpNode],
                    strategies: dict[str, list[Strategy]], decisions: dict[str, Decision],
                    decision_of: dict[str, str]) -> bool:
@@ -294,7 +251,7 @@ def enumerate_ops(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, *, device:
                 cands = [c if any(lay.is_replicated() for lay in c) else c + [Layout.replicated(len(meta.shape))]
                          for c, meta in zip(cands, op.input_meta)]
                 found, reasons = enumerate_strategies(op, mesh, cands)
-            found, reasons = _restrict(op, found, reasons, schemes)
+            found, reasons = restrict_schemes(op, found, reasons, schemes)
             if not found:
                 raise AssertionError(f"no strategy at all for {op.name} ({op.kind}); the cost model must offer one")
             out.costs[op.name] = op_costs(op, found, mesh, hw, device=device, bytes_per_param=bytes_per_param)
