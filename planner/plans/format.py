@@ -189,6 +189,11 @@ class Predicted:
         fits, so a budget that the reported minimum meets can be planned again."""
         return self.model_state_bytes + max(self.activation_bytes + self.transient_bytes, self.optimizer_bytes)
 
+    @property
+    def step_sets_bound(self) -> bool:
+        """Whether the optimizer step, not the backward, is the larger term of `bound_bytes`."""
+        return self.optimizer_bytes > self.activation_bytes + self.transient_bytes
+
 
 @dataclass
 class SolverInfo:

@@ -98,8 +98,7 @@ class _PlanAccount:
     def step_binds(self, sol: Solution) -> bool:
         """Whether the optimizer step sets `sol`'s bound: it holds more beside the states than the backward's
         activations and transient (`Predicted.bound_bytes`)."""
-        p = self.plan(sol).predicted
-        return p.optimizer_bytes > p.activation_bytes + p.transient_bytes
+        return self.plan(sol).predicted.step_sets_bound
 
     def plan(self, sol: Solution) -> Plan:
         """The plan of `sol`; its solver block as `sol` says now (`solve` raises the bound and adds notes after
@@ -123,7 +122,7 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
         return MeshResult(mesh, unavailable=str(e))
     account = _PlanAccount(built, assemble)
     memo = SolveMemo(built.problem)  # the least-memory answer, found once for every solve below
-    step_memo = SolveMemo(built.step_problem)
+    step_memo = SolveMemo(built.step_problem) if built.step_problem is not None else None
 
     def fit(cap: int, loosen: int = 0) -> Solution:
         return solve(built.problem, budget=cap, solver=solver, time_limit=time_limit, account=account,
@@ -187,7 +186,8 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
     solves, where (8,)'s least-memory plan took 453,392 B.)"""
     built = build(mesh)
     account = _PlanAccount(built, assemble)
-    memo, step_memo = SolveMemo(built.problem), SolveMemo(built.step_problem)
+    memo = SolveMemo(built.problem)
+    step_memo = SolveMemo(built.step_problem) if built.step_problem is not None else None
     limit = smallest if target is None else min(smallest, target)
     # what the plan counted beyond the solver's formulas for the last answer, at first the least-memory one's
     excess = 0 if least_peak is None else max(0, smallest - least_peak)

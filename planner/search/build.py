@@ -275,17 +275,19 @@ def group_decisions(graph: ModelGraph, en: Enumerated) -> Grouped:
 
 
 def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int, optimizer: str
-                  ) -> tuple[list[ProblemNode], dict[str, str], list[ProblemNode]]:
+                  ) -> tuple[list[ProblemNode], dict[str, str], list[ProblemNode] | None]:
     """One ProblemNode per decision, its choices priced by summing its ops' costs; and, per decision
     identical to one of the previous block (same template ops, same members), that decision's name; and
     the same nodes with what their parameters make the optimizer step hold counted in their states or as
     one more candidate of their transients (`cost_models.optimizer.solver_optimizer_bytes`): the memory row
-    of those covers the step too (the step problem, `BuiltProblem.step_problem`)."""
+    of those covers the step too (the step problem, `BuiltProblem.step_problem`; None where no choice
+    differs)."""
     pnodes: list[ProblemNode] = []
     step_nodes: list[ProblemNode] = []
     priced: dict[str, list[Choice]] = {}
     with_step: dict[str, list[Choice]] = {}
     same_decision: dict[str, str] = {}
+    step_differs = False
     for d in g.decisions.values():
         t_ops = [en.copied.get(op) for op in d.ops]
         if all(t_ops) and t_ops[0] in g.decision_of:
@@ -314,10 +316,11 @@ def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int, optimizer: s
             ))
             step_choices.append(replace(choices[-1], state_bytes=choices[-1].state_bytes + sum(s for s, _ in step),
                                         transient_bytes=max([choices[-1].transient_bytes] + [t for _, t in step])))
+            step_differs = step_differs or step_choices[-1] != choices[-1]
         priced[d.name], with_step[d.name] = choices, step_choices
         pnodes.append(ProblemNode(d.name, choices, d.block, _labels(d, en.strategies)))
         step_nodes.append(ProblemNode(d.name, step_choices, d.block, pnodes[-1].labels))
-    return pnodes, same_decision, step_nodes
+    return pnodes, same_decision, step_nodes if step_differs else None
 
 
 _NO_EDGE = (0.0, 0.0, 0)
@@ -481,9 +484,8 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
     blocks, shared = block_specs(graph, mesh, en, g)
     problem = Problem(pnodes, pedges, blocks, int(budget_bytes), checkpointing=checkpointing,
                       uniform_groups=UNIFORM_GROUPS, shared_inputs=shared)
-    step_problem = None
-    if any(s != p for sn, pn in zip(step_nodes, pnodes) for s, p in zip(sn.choices, pn.choices)):
-        step_problem = Problem(step_nodes, pedges, blocks, int(budget_bytes), checkpointing=checkpointing,
-                               uniform_groups=UNIFORM_GROUPS, shared_inputs=shared)
+    step_problem = None if step_nodes is None else Problem(
+        step_nodes, pedges, blocks, int(budget_bytes), checkpointing=checkpointing, uniform_groups=UNIFORM_GROUPS,
+        shared_inputs=shared)
     return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,
                         g.decision_of, en.unsupported, step_problem)

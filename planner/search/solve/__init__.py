@@ -201,10 +201,6 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     else:
         sol, lift = _unfit(problem, budget, shrink, account, name, deadline, method, progress, memo), None
     if sol.status in ("optimal", "feasible"):
-        if restricted:  # step_problem's bound holds for its restriction only: the rounds of `problem` give it
-            sol.bound, sol.gap, sol.status = float("nan"), float("nan"), "feasible"
-            notes = [m for m in sol.message.split("; ") if m and m != NOT_PROVEN]
-            sol.message = "; ".join([NOT_PROVEN, *notes, "solved with the optimizer step counted beside the activations"])
         sol.raise_bound(proven, GAP_TOLERANCE)
         if lift is not None:
             # the flat ILP's answer from the priced one, where that is small (method "auto"), is kept where
@@ -212,6 +208,13 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
             better = lift(sol)
             if better is not None and better is not sol and measure(better) <= budget:
                 sol = better
+        if restricted:
+            # step_problem's bounds (its rounds', and the lift's) hold for its restriction only: the answer's
+            # is what the rounds of `problem` proved
+            sol.bound, sol.gap, sol.status = float("nan"), float("nan"), "feasible"
+            notes = [m for m in sol.message.split("; ") if m and m != NOT_PROVEN]
+            sol.message = "; ".join([NOT_PROVEN, *notes, "solved with the optimizer step counted beside the activations"])
+            sol.raise_bound(proven, GAP_TOLERANCE)
     if shrink > 0 and sol.status in ("optimal", "feasible"):
         sol.message = "; ".join(m for m in (sol.message, f"budget tightened by {shrink} B for what the "
                                                            "answer takes beyond the solver's model") if m)
