@@ -278,7 +278,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
                     raise
                 log.info("two-level solve not applicable (%s); using the flat ILP", err)
         if sol is None:
-            sol = solve_built(ip, lambda mode, budget: build_flat(ip, mode, budget), solver=name,
+            sol = solve_built(ip, functools.partial(build_flat, ip), solver=name,
                               deadline=deadline, method="flat", **_flat_starts(ip))
     return _as_given(exact, sol), lift
 
@@ -313,7 +313,7 @@ def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: floa
     if beaten is not None and math.isfinite(sol.bound) and beaten(sol.bound):
         return sol
     start = ([sol.choice[n] for n in ip.names], [ip.block_index(b) for b in sol.checkpointed])
-    flat = solve_built(ip, lambda mode, budget: build_flat(ip, mode, budget), solver=name, deadline=deadline,
+    flat = solve_built(ip, functools.partial(build_flat, ip), solver=name, deadline=deadline,
                        method="flat", initial=start, work_limit=EXACT_WORK)
     if flat.status not in ("optimal", "feasible") or flat.peak_bytes > ip.budget:
         return sol
