@@ -118,6 +118,7 @@ class PricedSolve:
         self.ip, self.dec = ip, dec
         self.memo = memo if memo is not None and memo.problem is ip.problem else SolveMemo(ip.problem)
         self.beaten = beaten
+        self.least_wanted = True  # the least-memory search where nothing fits (`solve`'s `least`)
         self.dominated = False  # the best lower bound here is beaten (see __init__)
         self.best_bound = -np.inf  # the best lower bound any priced minimum proved so far
         self.sweep = PriceSweep(ip, dec)
@@ -210,11 +211,14 @@ class PricedSolve:
         return banded_bound(levels[levels >= self.floor], bound, target * (1 - GAP_TOLERANCE), _BAND_RANGES)
 
     # --- the search -------------------------------------------------------------------------------
-    def solve(self, solver: str, deadline: float, lift: bool = True) -> Solution:
+    def solve(self, solver: str, deadline: float, lift: bool = True, least: bool = True) -> Solution:
         """The answer (see the module docstring); `deadline`: a time.perf_counter() value where the user's
         time limit stops the search (inf: none; every other limit is a count). Without `lift`, the bound by
         ranges of max-term levels is left to a later `lift(answer)`: a caller that may discard this answer
-        (`solve`'s tighten-and-retry loop) prices it only for the answer it keeps."""
+        (`solve`'s tighten-and-retry loop) prices it only for the answer it keeps. Without `least`, a budget
+        that nothing found fits is answered "infeasible" at once, without the least-memory search (`solve`
+        with an account: its caller searches for the least budget itself)."""
+        self.least_wanted = least
         start = time.perf_counter()
         ip = self.ip
         fastest = self.evaluate(Price(1.0, self.tiny))
@@ -223,7 +227,7 @@ class PricedSolve:
         if fastest.peak > ip.budget and self._floor_search() is None:
             # proven: nothing fits (planning at 1 byte to learn the smallest budget; `plan_mesh`'s budget-0
             # solve): no price is searched for time, only the least-memory answer
-            return self._least_memory(start, solver, deadline)
+            return self._nothing_fits(start, solver, deadline)
         if self._late(deadline) and self.dominated:
             return self._beaten(start)
         mu0 = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
@@ -468,8 +472,16 @@ class PricedSolve:
         # all columns it took 8 s on HF GPT-2's 4x4x4 mesh (27,111 columns) for the same least peak.
         if self._late(deadline):
             outer.points = every  # the least memory may use columns that do not fit: all of the last round's
+            return self._nothing_fits(start, solver, deadline, outer)
+        return self._nothing_fits(start, solver, deadline)
+
+    def _nothing_fits(self, start: float, solver: str, deadline: float, outer: TwoLevel | None = None) -> Solution:
+        """The answer when no assignment found fits: the least-memory one (`_least_memory`), or where the
+        caller did not ask for it (`solve`'s `least`), "infeasible" alone."""
+        if self.least_wanted:
             return self._least_memory(start, solver, deadline, outer)
-        return self._least_memory(start, solver, deadline)
+        return Solution(status="infeasible", seconds=time.perf_counter() - start, solver=resolve_solver(solver),
+                        method="priced", message="no assignment found fits the budget (least memory not searched)")
 
     def _least_memory(self, start: float, solver: str, deadline: float, outer: TwoLevel | None = None) -> Solution:
         """"infeasible" with the least peak the column ILP finds (an upper bound on the smallest budget), or
