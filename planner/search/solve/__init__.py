@@ -250,10 +250,11 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
     """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
     and for a priced answer what is left for the answer `solve` keeps: the bound search (`PricedSolve.lift`)
     and, with method "auto", the flat ILP from it where that is small (`_lift_and_refine`). Without `least`,
-    a budget nothing fits is answered "infeasible" without the least-memory search: with an account,
-    `solve`'s caller looks for the least budget itself (`plan_mesh` solves at budget 0), and a least-memory
-    answer of this budget's view would be thrown away (GPT-3 175B on 64 ranks, 4x4x4 at its smallest
-    budget: 5.9 s of 16)."""
+    a budget the priced search proves nothing fits is answered "infeasible" without the least-memory search:
+    with an account, `solve`'s caller looks for the least budget itself (`plan_mesh` solves at budget 0),
+    and a least-memory answer of this budget's view would be thrown away (GPT-3 175B on 64 ranks, 4x4x4 at
+    its smallest budget: 5.9 s of 16). Where nothing fits unproven, the least-memory answer may fit, and is
+    searched as before."""
     exact = IndexedProblem(problem, budget)
     ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
     ip.time, ip.recompute, ip.transient, ip.edges = (list(exact.time), list(exact.recompute),
@@ -283,8 +284,8 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
                     raise
                 log.info("two-level solve not applicable (%s); using the flat ILP", err)
         if sol is None:
-            sol = solve_built(ip, functools.partial(build_flat, ip), solver=name, deadline=deadline,
-                              method="flat", least=least, **_flat_starts(ip))
+            sol = solve_built(ip, functools.partial(build_flat, ip), solver=name,
+                              deadline=deadline, method="flat", **_flat_starts(ip))
     return _as_given(exact, sol), lift
 
 

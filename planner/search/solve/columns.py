@@ -216,8 +216,8 @@ class PricedSolve:
         time limit stops the search (inf: none; every other limit is a count). Without `lift`, the bound by
         ranges of max-term levels is left to a later `lift(answer)`: a caller that may discard this answer
         (`solve`'s tighten-and-retry loop) prices it only for the answer it keeps. Without `least`, a budget
-        that nothing found fits is answered "infeasible" at once, without the least-memory search (`solve`
-        with an account: its caller searches for the least budget itself)."""
+        proven to fit nothing is answered "infeasible" without the least-memory search (`solve` with an
+        account: its caller searches for the least budget itself)."""
         self.least_wanted = least
         start = time.perf_counter()
         ip = self.ip
@@ -227,7 +227,7 @@ class PricedSolve:
         if fastest.peak > ip.budget and self._floor_search() is None:
             # proven: nothing fits (planning at 1 byte to learn the smallest budget; `plan_mesh`'s budget-0
             # solve): no price is searched for time, only the least-memory answer
-            return self._nothing_fits(start, solver, deadline)
+            return self._nothing_fits(start, solver, deadline, proven=True)
         if self._late(deadline) and self.dominated:
             return self._beaten(start)
         mu0 = fastest.time_s / max(ip.budget, 1) * 1e-2  # a byte at 1/100 of the time per budget byte
@@ -444,7 +444,8 @@ class PricedSolve:
         # Each stops at its node limit (past it the improvements are small, and some column sets make HiGHS
         # slow to prove optimality); the answer then says so.
         rounds = [([group], _ILP_NODES_UNIFORM) for group in firsts] + [(mixed, _ILP_NODES_MIXED)]
-        if best is None and not self._raise_floor():
+        proven = best is None and not self._raise_floor()
+        if proven:
             # proven: nothing fits, so no column ILP can find an answer (and proving that is what takes a
             # node-limited ILP long); only the least-memory ILP over the last round's columns is left
             outer = self._outer(mixed)
@@ -472,16 +473,18 @@ class PricedSolve:
         # all columns it took 8 s on HF GPT-2's 4x4x4 mesh (27,111 columns) for the same least peak.
         if self._late(deadline):
             outer.points = every  # the least memory may use columns that do not fit: all of the last round's
-            return self._nothing_fits(start, solver, deadline, outer)
-        return self._nothing_fits(start, solver, deadline)
+            return self._nothing_fits(start, solver, deadline, outer, proven)
+        return self._nothing_fits(start, solver, deadline, proven=proven)
 
-    def _nothing_fits(self, start: float, solver: str, deadline: float, outer: TwoLevel | None = None) -> Solution:
-        """The answer when no assignment found fits: the least-memory one (`_least_memory`), or where the
-        caller did not ask for it (`solve`'s `least`), "infeasible" alone."""
-        if self.least_wanted:
+    def _nothing_fits(self, start: float, solver: str, deadline: float, outer: TwoLevel | None = None,
+                      proven: bool = False) -> Solution:
+        """The answer when no assignment found fits: the least-memory one (`_least_memory`), or where that
+        is `proven` not to fit either and the caller did not ask for it (`solve`'s `least`), "infeasible"
+        alone. (Unproven, the least-memory answer may fit, and is the answer then.)"""
+        if self.least_wanted or not proven:
             return self._least_memory(start, solver, deadline, outer)
         return Solution(status="infeasible", seconds=time.perf_counter() - start, solver=resolve_solver(solver),
-                        method="priced", message="no assignment found fits the budget (least memory not searched)")
+                        method="priced", message="proven: no assignment fits the budget (least memory not searched)")
 
     def _least_memory(self, start: float, solver: str, deadline: float, outer: TwoLevel | None = None) -> Solution:
         """"infeasible" with the least peak the column ILP finds (an upper bound on the smallest budget), or

@@ -40,8 +40,7 @@ def infeasible_or_fallback(ip: IndexedProblem, least: LeastMemory, base: dict, f
 
 def solve_built(ip: IndexedProblem, build: Build, *, solver: str, deadline: float, method: str,
                 initial: tuple[list[int], list[int]] | None = None,
-                least_initial: tuple[list[int], list[int]] | None = None, work_limit: int = WORK_LIMIT,
-                least: bool = True) -> Solution:
+                least_initial: tuple[list[int], list[int]] | None = None, work_limit: int = WORK_LIMIT) -> Solution:
     """Minimise step time under `ip.budget` with the models `build(mode, budget)` gives.
 
     The answer's figures are re-evaluated from the formulas; the solver's feasibility tolerance times a
@@ -51,8 +50,7 @@ def solve_built(ip: IndexedProblem, build: Build, *, solver: str, deadline: floa
     `initial`: an assignment (choice vector, checkpointed blocks) that fits, handed to the solver as a MIP
     start where the model can take one: the work limit (`milp.WORK_LIMIT`) then never leaves it empty-handed;
     `least_initial`: the same for the least-memory solve, when the budget is infeasible. `work_limit`: the
-    time-mode ILP's work (`milp.solve_milp`). Without `least`, an infeasible budget is answered "infeasible"
-    at once, without the least-memory solve (`solve` with an account: its caller searches for that itself)."""
+    time-mode ILP's work (`milp.solve_milp`)."""
     start = time.perf_counter()
     built = build("time", ip.budget)
     values = built.encode(*initial) if initial is not None and built.encode is not None else None
@@ -67,9 +65,6 @@ def solve_built(ip: IndexedProblem, build: Build, *, solver: str, deadline: floa
             peak_bytes=peak, method=method, message=res.message if res.status != "optimal" else "",
             bound=res.bound / built.scale if np.isfinite(res.bound) else float("nan"),
         )
-    if res.status == "infeasible" and not least:
-        return Solution(status="infeasible", seconds=time.perf_counter() - start, solver=res.solver, method=method,
-                        message="no assignment fits the budget (least memory not searched)")
     if res.status == "infeasible":
         least = least_memory(ip, build, solver=solver, deadline=deadline, initial=least_initial)
         base = dict(seconds=time.perf_counter() - start, solver=res.solver, method=method)
