@@ -67,3 +67,20 @@ def test_a_memo_answers_later_solves_with_the_same_least_memory_assignment() -> 
     assert list(memo.least.values()) == [found] and next(iter(memo.least.values())) is found  # served from it
     assert (again.choice, again.checkpointed, again.min_feasible_budget, again.peak_bytes) == \
         (fresh.choice, fresh.checkpointed, fresh.min_feasible_budget, fresh.peak_bytes)
+
+
+def test_with_an_account_a_budget_proven_to_fit_nothing_skips_the_least_memory_search() -> None:
+    """`plan_mesh` passes an account and, where nothing fits, asks for the least-memory answer itself at
+    budget 0: its solve at the budget answers "infeasible" without one where the priced search proves that
+    nothing fits. Without an account the same solve still returns the least-memory assignment, the one a
+    budget-0 solve finds (HF BERT on 2x2x2, at half its least peak)."""
+    graph = _graph("hf-bert")
+    hw = load_profile("a100-80gb")
+    problem = build_problem(graph, MESH, hw, 1, device=hw.device, bytes_per_param=16, schemes=None).problem
+    least = solve(problem, budget=0, method="priced")
+    half = least.min_feasible_budget // 2
+    skipped = solve(problem, budget=half, method="priced", account=lambda s: s.peak_bytes)
+    assert skipped.status == "infeasible" and not skipped.choice and "proven" in skipped.message
+    plain = solve(problem, budget=half, method="priced")
+    assert plain.status == "infeasible" and plain.choice == least.choice
+    assert plain.min_feasible_budget == least.min_feasible_budget
