@@ -83,6 +83,10 @@ _ILP_GAP_MAX = 1e-3
 # seconds, so that the plan does not depend on how busy the machine is.
 _ILP_NODES_UNIFORM = 2_000
 _ILP_NODES_MIXED = 10_000
+# ... and both stop once this many nodes pass without a better answer: on GPT-3 175B's 8-rank plans at 1.5x
+# and 2x its smallest budget (96 layers, (8,) mesh) the mixed ILP found its answer by node ~900 and then
+# ran out its 10,000 nodes at a 0.2 % gap that does not close (18-43 s, most of the plan's time)
+_ILP_STALL = 1_000
 
 
 @dataclass
@@ -441,8 +445,8 @@ class PricedSolve:
         answer = (best.choice, best.ckpt, best.time_s) if best is not None else None
         # First the column ILPs of single uniform schemes' blocks (small and quick: each answer is what
         # planning with that scheme alone would find, and prunes the next ILP), then the ILP of all blocks.
-        # Each stops at its node limit (past it the improvements are small, and some column sets make HiGHS
-        # slow to prove optimality); the answer then says so.
+        # Each stops at its node limit or once it stalls (past them the improvements are small, and some
+        # column sets make HiGHS slow to prove optimality); the answer then says so.
         rounds = [([group], _ILP_NODES_UNIFORM) for group in firsts] + [(mixed, _ILP_NODES_MIXED)]
         proven = best is None and not self._raise_floor()
         if proven:
@@ -458,7 +462,8 @@ class PricedSolve:
             outer = self._outer(only)
             every = outer.points
             outer.points = usable_columns(ip, self.dec, every, outer.allowed, upper)
-            rnd = outer.outer("time", solver, deadline, upper, rel_gap=_ilp_gap(upper, bound), node_limit=nodes)
+            rnd = outer.outer("time", solver, deadline, upper, rel_gap=_ilp_gap(upper, bound), node_limit=nodes,
+                              stall_nodes=_ILP_STALL)
             cut = cut or rnd.res.status not in ("optimal", "infeasible")
             fits = rnd.peak <= ip.budget or answer is None  # over by solver tolerance: only in place of none
             if rnd.res.x is not None and rnd.value < upper and fits:
@@ -564,7 +569,7 @@ class PricedSolve:
         status = "optimal" if gap <= GAP_TOLERANCE else "feasible"
         notes = [] if status == "optimal" else [NOT_PROVEN]
         if cut:
-            notes.append("a column ILP stopped at its node limit")
+            notes.append("a column ILP stopped at its node or stall limit")
         if self.stopped:
             notes.append("the time limit cut the search short")
         return Solution(status=status, choice=dict(zip(ip.names, choice)),

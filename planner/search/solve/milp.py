@@ -216,6 +216,7 @@ def solve_milp(
     model: MilpModel, *, solver: str = "highs", time_limit: float | None = None, rel_gap: float = 1e-9,
     abs_gap: float = 0.0, cutoff: float = np.inf, node_limit: int | None = NODE_LIMIT,
     work_limit: int | None = None, mip_start: dict[int, float] | None = None, options: Mapping[str, object] | None = None,
+    stall_nodes: int | None = None,
 ) -> MilpResult:
     """Solve `model` with the named back end ("highs" or "cbc"). `node_limit`: branch-and-bound nodes at
     most (work, so the answer is reproducible); `work_limit`: with HiGHS, stop after work_limit / nonzeros
@@ -224,7 +225,9 @@ def solve_milp(
     objective value known to be reachable (HiGHS prunes every branch that cannot beat it). `mip_start`:
     values of (some of) the integer variables of a known solution (a MIP start, HiGHS only; it completes
     the rest), so a limit that stops the search early still returns at least that solution. `options`: more
-    HiGHS options (LEAN_OPTIONS, NO_PROBING; CBC ignores them)."""
+    HiGHS options (LEAN_OPTIONS, NO_PROBING; CBC ignores them). `stall_nodes`: with HiGHS, stop once that
+    many branch-and-bound nodes passed since the last better solution (counted from the first one found:
+    a search that stalls there seldom improves later; work, so still reproducible)."""
     name = resolve_solver(solver)
     if model.trivially_infeasible:
         return MilpResult("infeasible", None, np.nan, np.nan, np.nan, 0.0, name)
@@ -233,7 +236,8 @@ def solve_milp(
     start = time.perf_counter()
     seconds = None if time_limit is None or not np.isfinite(time_limit) else max(float(time_limit), 0.01)
     if name == "highs":
-        result = _solve_highs(model, seconds, rel_gap, abs_gap, cutoff, node_limit, work_limit, mip_start, options)
+        result = _solve_highs(model, seconds, rel_gap, abs_gap, cutoff, node_limit, work_limit, mip_start, options,
+                              stall_nodes)
     else:
         result = _solve_cbc(model, seconds, rel_gap, abs_gap, node_limit)
     result.seconds = time.perf_counter() - start
@@ -269,23 +273,34 @@ def _quiet_highs() -> object:
     return h
 
 
-def _checkpoint_limit(h: object, checks: int) -> list[int]:
-    """Interrupt HiGHS at its `checks`-th interruption checkpoint; returns the counter [checkpoints seen]."""
-    seen = [0]
+def _checkpoint_limit(h: object, checks: int | None, stall_nodes: int | None) -> list[int]:
+    """Interrupt HiGHS at its `checks`-th interruption checkpoint, or at the first checkpoint `stall_nodes`
+    branch-and-bound nodes after its last better solution; returns [checkpoints seen, 1 if it stalled]."""
+    seen = [0, 0]
+    best = [np.inf, 0]  # the best solution's objective (inf until one is found: not the cutoff) and its node
 
     def interrupt(event: object) -> None:
         seen[0] += 1
-        if seen[0] >= checks:
+        if checks is not None and seen[0] >= checks:
+            event.interrupt()
+        if stall_nodes is None:
+            return
+        found, node = float(event.data_out.objective_function_value), int(event.data_out.mip_node_count)
+        if found < best[0] - 1e-12 * abs(found):
+            best[:] = [found, node]
+        elif np.isfinite(best[0]) and node - best[1] >= stall_nodes:
+            seen[1] = 1
             event.interrupt()
 
-    h.cbMipInterrupt += interrupt
+    if checks is not None or stall_nodes is not None:
+        h.cbMipInterrupt += interrupt
     return seen
 
 
 def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs_gap: float, cutoff: float,
                  node_limit: int | None, work_limit: int | None = None,
-                 mip_start: dict[int, float] | None = None, options: Mapping[str, object] | None = None
-                 ) -> MilpResult:
+                 mip_start: dict[int, float] | None = None, options: Mapping[str, object] | None = None,
+                 stall_nodes: int | None = None) -> MilpResult:
     import highspy
 
     a = model.arrays()
@@ -316,7 +331,7 @@ def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs
         idx = np.array(sorted(mip_start), dtype=np.int32)
         h.setSolution(len(idx), idx, np.array([mip_start[i] for i in idx], dtype=float))
     checks = None if work_limit is None else max(_MIN_CHECKS, work_limit // max(len(a["value"]), 1))
-    seen = _checkpoint_limit(h, checks) if checks is not None else [0]
+    seen = _checkpoint_limit(h, checks, stall_nodes)
     h.HandleKeyboardInterrupt = True  # solve in a thread: Ctrl-C works and a progress spinner keeps turning
     h.solve()
     status = h.getModelStatus()
@@ -334,6 +349,8 @@ def _solve_highs(model: MilpModel, time_limit: float | None, rel_gap: float, abs
     limited = checks is not None and seen[0] >= checks
     if limited:
         reason = f"work limit ({checks} solver checkpoints for {len(a['value'])} nonzeros)"
+    elif seen[1]:
+        reason = f"no better solution in {stall_nodes} nodes"
     if has_x:
         return MilpResult("feasible", x, obj, bound, gap, 0.0, "highs", f"HiGHS stopped: {reason}", nodes, limited)
     return MilpResult("error", None, np.nan, bound, np.nan, 0.0, "highs", f"HiGHS stopped without a solution: {reason}",
