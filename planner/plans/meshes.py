@@ -196,7 +196,7 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
         # limit is sent back for that excess first (HF GPT-2, 8 ranks: two solves of 2 s each saved)
         sol = solve(built.problem, budget=limit - 1, solver=solver, time_limit=time_limit, account=account,
                     loosen=-excess, memo=memo, step_problem=built.step_problem, step_binds=account.step_binds,
-                    step_memo=step_memo)
+                    step_memo=step_memo, least="never")
         if sol.status not in ("optimal", "feasible"):
             break
         q = account.plan(sol)

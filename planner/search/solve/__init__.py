@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from planner.search.solve.brute_force import brute_force
-from planner.search.solve.columns import GAP_TOLERANCE, PricedSolve
+from planner.search.solve.columns import GAP_TOLERANCE, LEAST_MODES, PricedSolve
 from planner.search.solve.decompose import Decomposition, NotDecomposable, decompose
 from planner.search.solve.driver import solve_built
 from planner.search.solve.evaluate import evaluate, evaluate_indexed
@@ -94,7 +94,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
           method: str = "auto", progress: bool = False, account: Callable[[Solution], int] | None = None,
           loosen: int = 0, beaten: Callable[[float], bool] | None = None, memo: SolveMemo | None = None,
           step_problem: Problem | None = None, step_binds: Callable[[Solution], bool] | None = None,
-          step_memo: SolveMemo | None = None) -> Solution:
+          step_memo: SolveMemo | None = None, least: str | None = None) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
@@ -131,6 +131,12 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         depend on the budget: the priced search's least-memory answer), shared by this solve's rounds;
         a caller solving one problem at several budgets passes the same one to each (`plan_mesh`).
 
+    least: where the priced search finds nothing that fits, the least-memory search runs "always" (the
+        default without an account: the answer is then the least-memory assignment), "unproven" (the
+        default with one: `plan_mesh` asks for the least budget itself at budget 0, so a least-memory answer
+        of this budget's view is thrown away unless it fits, which only an unproven search leaves possible;
+        GPT-3 175B on 64 ranks, 4x4x4 at its smallest budget: 5.9 s of 16) or "never" (`narrow_least`,
+        below the least-memory plan's bound: that answer is the one known not to fit).
     step_problem: `problem` with the optimizer step counted in its memory row too (on the safe side: beside
         the saved activations, where the step holds none), and step_binds(answer): whether the optimizer
         step is what the account finds the answer does not fit. `problem`, whose row is the backward's
@@ -149,6 +155,8 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     """
     if method not in METHODS:
         raise SolverError(f"unknown method {method!r}; use one of {METHODS}")
+    if least is not None and least not in LEAST_MODES:
+        raise SolverError(f"least must be one of {LEAST_MODES}, got {least!r}")
     if time_limit is not None and not time_limit > 0:
         raise SolverError(f"time_limit must be > 0 seconds, got {time_limit}")
     name = resolve_solver(solver)
@@ -166,7 +174,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         if beaten is not None and beaten(proven):
             return Solution.beaten_by_elsewhere(proven, time.perf_counter() - start)
         sol, lift = _solve_at(problem, budget - shrink, name, deadline, method, progress, memo, beaten,
-                              least=account is None)
+                              least=least or ("always" if account is None else "unproven"))
         if sol.status == "beaten":
             lift = None
             break
@@ -245,16 +253,12 @@ def _unfit(problem: Problem, budget: int, shrink: int, account: Callable[[Soluti
 
 
 def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method: str, progress: bool,
-              memo: SolveMemo, beaten: Callable[[float], bool] | None = None, least: bool = True
+              memo: SolveMemo, beaten: Callable[[float], bool] | None = None, least: str = "always"
               ) -> tuple[Solution, Callable[[Solution], Solution | None] | None]:
     """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
     and for a priced answer what is left for the answer `solve` keeps: the bound search (`PricedSolve.lift`)
-    and, with method "auto", the flat ILP from it where that is small (`_lift_and_refine`). Without `least`,
-    a budget the priced search proves nothing fits is answered "infeasible" without the least-memory search:
-    with an account, `solve`'s caller looks for the least budget itself (`plan_mesh` solves at budget 0),
-    and a least-memory answer of this budget's view would be thrown away (GPT-3 175B on 64 ranks, 4x4x4 at
-    its smallest budget: 5.9 s of 16). Where nothing fits unproven, the least-memory answer may fit, and is
-    searched as before."""
+    and, with method "auto", the flat ILP from it where that is small (`_lift_and_refine`). `least`: when the
+    priced search finds nothing that fits, whether it searches the least-memory answer (`PricedSolve.solve`)."""
     exact = IndexedProblem(problem, budget)
     ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
     ip.time, ip.recompute, ip.transient, ip.edges = (list(exact.time), list(exact.recompute),

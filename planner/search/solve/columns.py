@@ -81,6 +81,7 @@ _ILP_GAP_SHARE = 0.1
 _ILP_GAP_MAX = 1e-3
 # Branch-and-bound nodes per column ILP: of one uniform scheme's columns, and of all columns. Work, not
 # seconds, so that the plan does not depend on how busy the machine is.
+LEAST_MODES = ("always", "unproven", "never")  # `PricedSolve.solve`'s `least`
 _ILP_NODES_UNIFORM = 2_000
 _ILP_NODES_MIXED = 10_000
 # ... and both stop once this many nodes pass without a better answer: on GPT-3 175B's 8-rank plans at 1.5x
@@ -122,7 +123,7 @@ class PricedSolve:
         self.ip, self.dec = ip, dec
         self.memo = memo if memo is not None and memo.problem is ip.problem else SolveMemo(ip.problem)
         self.beaten = beaten
-        self.least_wanted = True  # the least-memory search where nothing fits (`solve`'s `least`)
+        self.least = "always"  # when nothing fits: the least-memory search (see `solve`'s `least`)
         self.dominated = False  # the best lower bound here is beaten (see __init__)
         self.best_bound = -np.inf  # the best lower bound any priced minimum proved so far
         self.sweep = PriceSweep(ip, dec)
@@ -215,14 +216,18 @@ class PricedSolve:
         return banded_bound(levels[levels >= self.floor], bound, target * (1 - GAP_TOLERANCE), _BAND_RANGES)
 
     # --- the search -------------------------------------------------------------------------------
-    def solve(self, solver: str, deadline: float, lift: bool = True, least: bool = True) -> Solution:
+    def solve(self, solver: str, deadline: float, lift: bool = True, least: str = "always") -> Solution:
         """The answer (see the module docstring); `deadline`: a time.perf_counter() value where the user's
         time limit stops the search (inf: none; every other limit is a count). Without `lift`, the bound by
         ranges of max-term levels is left to a later `lift(answer)`: a caller that may discard this answer
-        (`solve`'s tighten-and-retry loop) prices it only for the answer it keeps. Without `least`, a budget
-        proven to fit nothing is answered "infeasible" without the least-memory search (`solve` with an
-        account: its caller searches for the least budget itself)."""
-        self.least_wanted = least
+        (`solve`'s tighten-and-retry loop) prices it only for the answer it keeps. `least`: where nothing found
+        fits, the least-memory search runs "always", "unproven" (not where the search proved that nothing
+        fits: `solve` with an account, whose caller searches for the least budget itself) or "never" (the
+        caller knows the least-memory answer does not fit: `narrow_least`); without it the answer is
+        "infeasible" alone."""
+        if least not in LEAST_MODES:
+            raise ValueError(f"least must be one of {LEAST_MODES}, not {least!r}")
+        self.least = least
         start = time.perf_counter()
         ip = self.ip
         fastest = self.evaluate(Price(1.0, self.tiny))
@@ -483,13 +488,14 @@ class PricedSolve:
 
     def _nothing_fits(self, start: float, solver: str, deadline: float, outer: TwoLevel | None = None,
                       proven: bool = False) -> Solution:
-        """The answer when no assignment found fits: the least-memory one (`_least_memory`), or where that
-        is `proven` not to fit either and the caller did not ask for it (`solve`'s `least`), "infeasible"
-        alone. (Unproven, the least-memory answer may fit, and is the answer then.)"""
-        if self.least_wanted or not proven:
+        """The answer when no assignment found fits: the least-memory one (`_least_memory`), or where the
+        caller's `least` leaves it out (`proven`: the search proved that nothing fits), "infeasible" alone.
+        (Unproven, the least-memory answer may fit, and is the answer then.)"""
+        if self.least == "always" or (self.least == "unproven" and not proven):
             return self._least_memory(start, solver, deadline, outer)
         return Solution(status="infeasible", seconds=time.perf_counter() - start, solver=resolve_solver(solver),
-                        method="priced", message="proven: no assignment fits the budget (least memory not searched)")
+                        method="priced", message=("proven: no assignment fits the budget" if proven else
+                                                  "no assignment found fits the budget") + " (least memory not searched)")
 
     def _least_memory(self, start: float, solver: str, deadline: float, outer: TwoLevel | None = None) -> Solution:
         """"infeasible" with the least peak the column ILP finds (an upper bound on the smallest budget), or
