@@ -81,13 +81,14 @@ _ILP_GAP_SHARE = 0.1
 _ILP_GAP_MAX = 1e-3
 # Branch-and-bound nodes per column ILP: of one uniform scheme's columns, and of all columns. Work, not
 # seconds, so that the plan does not depend on how busy the machine is.
-LEAST_MODES = ("always", "unproven", "never")  # `PricedSolve.solve`'s `least`
 _ILP_NODES_UNIFORM = 2_000
 _ILP_NODES_MIXED = 10_000
 # ... and both stop once this many nodes pass without a better answer: on GPT-3 175B's 8-rank plans at 1.5x
 # and 2x its smallest budget (96 layers, (8,) mesh) the mixed ILP found its answer by node ~900 and then
 # ran out its 10,000 nodes at a 0.2 % gap that does not close (18-43 s, most of the plan's time)
 _ILP_STALL = 1_000
+# Where nothing found fits, when the least-memory search runs (`PricedSolve.solve`'s `least`)
+LEAST_MODES = ("always", "unproven", "never")
 
 
 @dataclass
