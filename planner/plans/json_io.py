@@ -150,6 +150,9 @@ def read_mesh(data: Any, path: str) -> Mesh:
         raise PlanError(f"{path}.shape: expected a list of integers, got {shape!r}; {REPLAN}")
     if not isinstance(names, list) or not all(isinstance(a, str) for a in names):
         raise PlanError(f"{path}.axis_names: expected a list of strings, got {names!r}; {REPLAN}")
+    if len(names) != len(shape):  # Mesh would fill an empty list with default names: not what the file says
+        raise PlanError(f"{path}.axis_names: {len(names)} names for the {len(shape)} axes of shape {shape}; one "
+                        f"name per axis; {REPLAN}")
     if not isinstance(per_node, int) or isinstance(per_node, bool):
         raise PlanError(f"{path}.ranks_per_node: expected an integer, got {per_node!r}; {REPLAN}")
     try:
