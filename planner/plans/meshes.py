@@ -29,6 +29,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from cost_models.mesh import Mesh
 from planner.plans.assemble import solver_info
@@ -84,11 +85,22 @@ class Incumbent:
 
 
 class _PlanAccount:
-    """The assembled plan's bound as `solve`'s account, keeping the plan of the last answer it measured."""
+    """The assembled plan's bound as `solve`'s account, keeping the plan of the last answer it measured; and
+    the solves of one mesh's problem measured by it (`solve`)."""
 
     def __init__(self, built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan]) -> None:
         self.built, self.assemble = built, assemble
         self.last: tuple[Solution, Plan] | None = None
+        # what the solves below find that does not depend on the budget (the least-memory answers), once each
+        self.memo = SolveMemo(built.problem)
+        self.step_memo = SolveMemo(built.step_problem) if built.step_problem is not None else None
+
+    def solve(self, budget: int, **options: Any) -> Solution:
+        """`solve` of the mesh's problem at `budget` measured by this account, with its step problem (where
+        the optimizer step is what an answer does not fit) and the memos every solve of this mesh shares."""
+        return solve(self.built.problem, budget=budget, account=self, memo=self.memo,
+                     step_problem=self.built.step_problem, step_binds=self.step_binds, step_memo=self.step_memo,
+                     **options)
 
     def __call__(self, sol: Solution) -> int:
         plan = self.assemble(self.built, sol)
@@ -121,13 +133,9 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
     except SchemeUnavailable as e:
         return MeshResult(mesh, unavailable=str(e))
     account = _PlanAccount(built, assemble)
-    memo = SolveMemo(built.problem)  # the least-memory answer, found once for every solve below
-    step_memo = SolveMemo(built.step_problem) if built.step_problem is not None else None
 
     def fit(cap: int, loosen: int = 0) -> Solution:
-        return solve(built.problem, budget=cap, solver=solver, time_limit=time_limit, account=account,
-                     loosen=loosen, beaten=beaten, memo=memo, step_problem=built.step_problem,
-                     step_binds=account.step_binds, step_memo=step_memo)
+        return account.solve(cap, solver=solver, time_limit=time_limit, loosen=loosen, beaten=beaten)
 
     # Model states count whatever the assignment: a budget below their least sum (planning at 1 byte to
     # learn the smallest budget) goes straight to the least-memory search instead of a solve that only
@@ -146,7 +154,7 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
     # Nothing fits. The least-memory assignment of the solver's model (asked with budget 0, so the
     # answer does not depend on this budget) fits its plan's exact peak; `narrow_least` may look for a
     # smaller one below that, where the plan's accounting sees more than the solver's model.
-    least = solve(built.problem, budget=0, solver=solver, time_limit=time_limit, memo=memo)
+    least = solve(built.problem, budget=0, solver=solver, time_limit=time_limit, memo=account.memo)
     if not least.choice:
         return MeshResult(mesh, least=least.min_feasible_budget)
     least.status, least.message, least.gap = "feasible", "the least-memory assignment", float("nan")
@@ -186,17 +194,13 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
     solves, where (8,)'s least-memory plan took 453,392 B.)"""
     built = build(mesh)
     account = _PlanAccount(built, assemble)
-    memo = SolveMemo(built.problem)
-    step_memo = SolveMemo(built.step_problem) if built.step_problem is not None else None
     limit = smallest if target is None else min(smallest, target)
     # what the plan counted beyond the solver's formulas for the last answer, at first the least-memory one's
     excess = 0 if least_peak is None else max(0, smallest - least_peak)
     for _ in range(_LEAST_ROUNDS):
         # each round starts that much below its limit: its answers are alike, and a round that starts at the
         # limit is sent back for that excess first (HF GPT-2, 8 ranks: two solves of 2 s each saved)
-        sol = solve(built.problem, budget=limit - 1, solver=solver, time_limit=time_limit, account=account,
-                    loosen=-excess, memo=memo, step_problem=built.step_problem, step_binds=account.step_binds,
-                    step_memo=step_memo, least="never")
+        sol = account.solve(limit - 1, solver=solver, time_limit=time_limit, loosen=-excess, least="never")
         if sol.status not in ("optimal", "feasible"):
             break
         q = account.plan(sol)
