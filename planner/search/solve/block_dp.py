@@ -98,6 +98,7 @@ class BlockDP:
         self.uses_port = set(self.port) | set(shape.port_work)  # nodes with an edge from the port
         self.order, live = self._order()
         self.pieces = self._cut(live)
+        self._prepare()
 
     def _order(self) -> tuple[list[int], list[list[int]]]:
         """A topological order that keeps the sweep's tables small (greedy: next, the ready node that
@@ -143,78 +144,137 @@ class BlockDP:
         pieces.append((carried, nodes, self.out, carried != PORT and any(v in self.uses_port for v in nodes)))
         return pieces
 
-    def _sweep_inputs(self, price: Price, ckpt: bool) -> tuple[dict, dict]:
-        sh, a = self.shape, price.a
-        unary = {}
-        for v in range(self.n):
-            time = sh.time[v] + (sh.recompute[v] if ckpt else 0.0)
-            mem = sh.state[v] + (0 if ckpt else sh.saved[v])
-            w = a * time + price.b * mem.astype(float) + (price.c * sh.saved[v] if ckpt else 0.0)
-            unary[v] = np.where(sh.transient[v] <= price.cap, w, np.inf)
-            mask = allowed(sh.labels[v] if sh.labels else None, price.only)
-            if mask is not None:
-                unary[v] = np.where(mask, unary[v], np.inf)
-        incoming: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in range(self.n)}
-        for s, d, cost, rec in self.internal:
-            mat = a * (cost + rec) if ckpt else a * cost
-            work = sh.internal_work.get((s, d))
-            incoming[d].append((s, mat if work is None else np.where(work <= price.cap, mat, np.inf)))
-        for v in set(self.port) | set(sh.port_work):
+    def _prepare(self) -> None:
+        """What the sweeps' costs are made of, per checkpoint flag (prices only weight it): per node its
+        time and additive bytes as floats, and per edge its time (a checkpointed block recomputes too)."""
+        sh = self.shape
+        self._unary_parts = {
+            ckpt: [(sh.time[v] + sh.recompute[v] if ckpt else sh.time[v],
+                    (sh.state[v] + (0 if ckpt else sh.saved[v])).astype(float), sh.saved[v].astype(float))
+                   for v in range(self.n)]
+            for ckpt in (False, True)}
+        self._edge_parts = {ckpt: [(s, d, cost + rec if ckpt else cost, sh.internal_work.get((s, d)))
+                                   for s, d, cost, rec in self.internal] for ckpt in (False, True)}
+        port = []
+        for v in sorted(set(self.port) | set(sh.port_work)):
             cost, rec = self.port.get(v, (np.zeros((sh.port_size, sh.sizes[v])),) * 2)
-            mat = a * (cost + rec) if ckpt else a * cost
-            work = sh.port_work.get(v)
-            incoming[v].append((PORT, mat if work is None else np.where(work <= price.cap, mat, np.inf)))
+            port.append((v, cost, rec, sh.port_work.get(v)))
+        self._port_parts = {ckpt: [(v, cost + rec if ckpt else cost, work) for v, cost, rec, work in port]
+                            for ckpt in (False, True)}
+        self._masks: dict[tuple[str, ...], list[np.ndarray | None]] = {}
+
+    def _mask(self, only: tuple[str, ...]) -> list[np.ndarray | None]:
+        """Per node, the options `only` allows (None: all), once per `only`."""
+        if only not in self._masks:
+            sh = self.shape
+            self._masks[only] = [allowed(sh.labels[v] if sh.labels else None, only) for v in range(self.n)]
+        return self._masks[only]
+
+    def _sweep_inputs(self, prices: list[Price], ckpt: bool) -> tuple[dict, dict]:
+        """The sweep's unary and edge costs under each of `prices`, stacked on a leading axis."""
+        sh = self.shape
+        a = np.array([p.a for p in prices])[:, None]
+        b = np.array([p.b for p in prices])[:, None]
+        c = np.array([p.c for p in prices])[:, None]
+        caps = np.array([p.cap for p in prices])[:, None]
+        capped = bool(np.isfinite(caps).any())
+        masks = [self._mask(p.only) for p in prices]
+        unary = {}
+        for v, (time, mem, saved) in enumerate(self._unary_parts[ckpt]):
+            w = a * time + b * mem
+            if ckpt:
+                w = w + c * saved
+            if capped:
+                w = np.where(sh.transient[v] <= caps, w, np.inf)
+            if any(m[v] is not None for m in masks):
+                ok = np.array([np.ones(len(time), bool) if m[v] is None else m[v] for m in masks])
+                w = np.where(ok, w, np.inf)
+            unary[v] = w
+        a3, caps3 = a[:, :, None], caps[:, :, None]
+        incoming: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in range(self.n)}
+        for s, d, cost, work in self._edge_parts[ckpt]:
+            mat = a3 * cost
+            incoming[d].append((s, mat if work is None or not capped else np.where(work <= caps3, mat, np.inf)))
+        for v, cost, work in self._port_parts[ckpt]:
+            mat = a3 * cost
+            incoming[v].append((PORT, mat if work is None or not capped else np.where(work <= caps3, mat, np.inf)))
         return unary, incoming
 
-    def _one(self, price: Price, ckpt: bool) -> tuple[np.ndarray, list, list]:
-        unary, incoming = self._sweep_inputs(price, ckpt)
+    def _one(self, prices: list[Price], ckpt: bool) -> tuple[np.ndarray, list, list]:
+        """The cheapest block per boundary (port choice, output choice) under each of `prices` (the leading
+        axis), plain or checkpointed, and the pieces' sweeps and joins to read its choices back."""
+        batch = len(prices)
+        unary, incoming = self._sweep_inputs(prices, ckpt)
         pieces, joins, total = [], [], None
         for carried, nodes, last, with_port in self.pieces:
             start = [carried] + ([PORT] if with_port else [])
             sweep = eliminate(nodes, self.sizes, unary, incoming, keep=start + ([last] if last is not None else []),
-                              start=start, memo=self._memo)
+                              start=start, memo=self._memo, batch=batch)
             table = sweep.value if last is not None else sweep.value[..., None]
             pieces.append((carried, last, with_port, sweep))
             if total is None:  # (port, last)
                 total = table
                 continue
             # min-plus join through the cut node's choice: (port, cut) + (cut, last) or (cut, port, last)
-            step = np.transpose(table, (1, 0, 2)) if with_port else table[None, :, :]
-            both = total[:, :, None] + step
-            arg = np.argmin(both, axis=1)
+            step = np.transpose(table, (0, 2, 1, 3)) if with_port else table[:, None, :, :]
+            both = total[:, :, :, None] + step
+            arg = np.argmin(both, axis=2)
             joins.append(arg)
-            total = np.take_along_axis(both, arg[:, None, :], axis=1)[:, 0, :]
+            total = np.take_along_axis(both, arg[:, :, None, :], axis=2)[:, :, 0, :]
         if ckpt:
-            total = total + price.b * self.shape.input_bytes.astype(float)[:, None]
+            b = np.array([p.b for p in prices])[:, None, None]
+            total = total + b * self.shape.input_bytes.astype(float)[None, :, None]
         return total, pieces, joins
 
     def table(self, price: Price, checkpointing: bool) -> BlockTable:
-        plain, pieces0, joins0 = self._one(price, False)
-        if not checkpointing:
-            return BlockTable(plain, np.zeros(plain.shape, dtype=bool), ((pieces0, joins0), ([], [])))
-        kept, pieces1, joins1 = self._one(price, True)
-        return BlockTable(np.minimum(plain, kept), kept < plain, ((pieces0, joins0), (pieces1, joins1)))
+        """The cheapest block per boundary under `price` (`tables` of one price)."""
+        return self.tables([price], checkpointing)[0]
+
+    def tables(self, prices: list[Price], checkpointing: bool) -> list[BlockTable]:
+        """The cheapest block per boundary under each of `prices`, swept together (the same array operations
+        on arrays with a leading axis of prices: one price's sweep is a few hundred small operations)."""
+        plain, pieces0, joins0 = self._one(prices, False)
+        if checkpointing:
+            kept, pieces1, joins1 = self._one(prices, True)
+            cost, ckpt = np.minimum(plain, kept), kept < plain
+        out = []
+        for i in range(len(prices)):
+            parts0 = ([(c, last, port, sw.at(i)) for c, last, port, sw in pieces0], [j[i] for j in joins0])
+            if not checkpointing:
+                out.append(BlockTable(plain[i], np.zeros(plain[i].shape, dtype=bool), (parts0, ([], []))))
+                continue
+            parts1 = ([(c, last, port, sw.at(i)) for c, last, port, sw in pieces1], [j[i] for j in joins1])
+            out.append(BlockTable(cost[i], ckpt[i], (parts0, parts1)))
+        return out
 
     def points(self, table: BlockTable, pairs: np.ndarray | None = None, both: bool = False) -> list[FrontierPoint]:
         """Frontier points (exact bytes and time) of the cheapest block of each finite (p, q) of `pairs`
         (all when None); with `both`, the cheapest plain and the cheapest checkpointed block each."""
+        return self.make_points(*self.blocks(table, pairs, both))
+
+    def blocks(self, table: BlockTable, pairs: np.ndarray | None = None, both: bool = False
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(p, q, checkpointed, node choices) of the cheapest block of each (p, q) of `pairs` (all finite ones
+        when None), as `points` takes them: with `both`, all plain ones, then all checkpointed ones."""
         if pairs is None:
             pairs = np.argwhere(np.isfinite(table.cost))
-        if len(pairs) == 0:
-            return []
         p, q = pairs[:, 0], pairs[:, 1]
         flags = [table.ckpt[p, q]] if not both else [np.zeros(len(p), bool)] + (
             [np.ones(len(p), bool)] if table.parts[1][0] else [])
-        out = []
-        for ck in flags:
-            choice = table.choice(p, q, ck, self.n)
-            add, top, time = self.measure(choice, p, ck)
-            ok = np.isfinite(time)
-            out += [FrontierPoint(pp, qq, c, a_, t_, s_, tuple(ch))  # tolist(): plain ints and floats, fast
-                    for pp, qq, c, a_, t_, s_, ch, good in zip(p.tolist(), q.tolist(), ck.tolist(), add.tolist(),
-                                                               top.tolist(), time.tolist(), choice.tolist(), ok.tolist())
-                    if good]
-        return out
+        choice = [table.choice(p, q, ck, self.n) for ck in flags]
+        return (np.tile(p, len(flags)), np.tile(q, len(flags)), np.concatenate(flags),
+                np.concatenate(choice) if choice else np.zeros((0, self.n), dtype=np.int64))
+
+    def make_points(self, p: np.ndarray, q: np.ndarray, ckpt: np.ndarray, choice: np.ndarray) -> list[FrontierPoint]:
+        """The frontier points of these blocks (`blocks`), in order, those of finite time only."""
+        if len(p) == 0:
+            return []
+        add, top, time = self.measure(choice, p, ckpt)
+        ok = np.isfinite(time)
+        return [FrontierPoint(pp, qq, c, a_, t_, s_, tuple(ch))  # tolist(): plain ints and floats, fast
+                for pp, qq, c, a_, t_, s_, ch, good in zip(p.tolist(), q.tolist(), ckpt.tolist(), add.tolist(),
+                                                           top.tolist(), time.tolist(), choice.tolist(), ok.tolist())
+                if good]
 
     def measure(self, choice: np.ndarray, p: np.ndarray, ckpt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact (additive bytes, max-term bytes, time) of blocks with these node choices."""

@@ -87,6 +87,10 @@ _ILP_NODES_MIXED = 10_000
 # and 2x its smallest budget (96 layers, (8,) mesh) the mixed ILP found its answer by node ~900 and then
 # ran out its 10,000 nodes at a 0.2 % gap that does not close (18-43 s, most of the plan's time)
 _ILP_STALL = 1_000
+# Prices swept together at most (`evaluate_many`): one price's sweep is a few hundred array operations,
+# mostly on small arrays; on GPT-3 175B's 4x4x4 mesh (tables of 52 x 52 x 33 choices) larger batches leave
+# the cache and get slower again (least-memory search, CPU s: 6.0 one at a time, 5.2 by 3, 4.9 by 6, 5.2 by 12)
+_BATCH = 6
 # Where nothing found fits, when the least-memory search runs (`PricedSolve.solve`'s `least`)
 LEAST_MODES = ("always", "unproven", "never")
 
@@ -154,16 +158,36 @@ class PricedSolve:
     def evaluate(self, price: Price, record: bool = True) -> _Priced:
         """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`; with
         `record`, it joins the priced assignments (and its blocks the columns)."""
-        tables = self.sweep.tables(price)
-        if record:
-            self.tables.append((price, tables))
-        choice, ckpt, boundary, value = self.sweep.minimiser(price, tables)
-        time_s, peak = self._evaluate(choice, ckpt)
-        out = _Priced(price, choice, ckpt, boundary, time_s, peak, self._bound(price, value), value)
-        if record:
-            self.priced.append(out)
-            self.best_bound = max(self.best_bound, out.bound)
+        return self.evaluate_many([price], record)[0]
+
+    def evaluate_many(self, prices: list[Price], record: bool = True) -> list[_Priced]:
+        """`evaluate` of each of `prices`, swept together (`PriceSweep.tables_many`) and recorded in order."""
+        out = []
+        for r, tables in self._sweep_many(prices):
+            if record:
+                self._record(r, tables)
+            out.append(r)
         return out
+
+    def _sweep_many(self, prices: list[Price]) -> list[tuple[_Priced, list[BlockTable]]]:
+        """Each price's exact minimiser and its blocks' tables, not recorded (`_record`)."""
+        if len(prices) > _BATCH:
+            return [x for i in range(0, len(prices), _BATCH) for x in self._sweep_many(prices[i:i + _BATCH])]
+        if not prices:
+            return []
+        tables = self.sweep.tables_many(prices)
+        found = self.sweep.minimisers(prices, tables)
+        out = []
+        for price, tabs, (choice, ckpt, boundary, value) in zip(prices, tables, found):
+            time_s, peak = self._evaluate(choice, ckpt)
+            out.append((_Priced(price, choice, ckpt, boundary, time_s, peak, self._bound(price, value), value), tabs))
+        return out
+
+    def _record(self, r: _Priced, tables: list[BlockTable]) -> None:
+        """`r` joins the priced assignments, and its blocks (`tables`) the columns."""
+        self.tables.append((r.price, tables))
+        self.priced.append(r)
+        self.best_bound = max(self.best_bound, r.bound)
 
     def _bound(self, price: Price, value: float) -> float:
         """The lower bound a price's minimum proves (module docstring), when c <= b / M, M the number of
@@ -284,13 +308,16 @@ class PricedSolve:
         m = max(len(self.ip.block_nodes), 1)
         tie = 1e-6 / max(self.ip.time_magnitude(), 1e-30)  # a microbyte's worth of time: not the budget's
         for only in [(), *self._groups()]:
-            for a, c in itertools.product((0.0, tie), (1.0, 1.0 / m, 0.0)):
-                if self._late(deadline):
-                    return
-                least = self.evaluate(Price(a, 1.0, c, only=only))
-                self.least_runs.append(len(self.priced) - 1)
-                for cap in self._caps(least.choice, _CAPS_TIGHT, only):
-                    self.evaluate(Price(a, 1.0, c, cap=cap, only=only))
+            if self._late(deadline):
+                return
+            # swept together: the six prices, then the caps below each one's minimiser
+            leasts = self._sweep_many([Price(a, 1.0, c, only=only)
+                                       for a, c in itertools.product((0.0, tie), (1.0, 1.0 / m, 0.0))])
+            caps = [[replace(r.price, cap=cap) for cap in self._caps(r.choice, _CAPS_TIGHT, only)] for r, _ in leasts]
+            capped = iter(self._sweep_many([p for ps in caps for p in ps]))
+            for least, ps in zip(leasts, caps):
+                for r, tables in [least, *itertools.islice(capped, len(ps))]:
+                    self._record(r, tables)
                     self.least_runs.append(len(self.priced) - 1)
 
     def lift(self, sol: Solution, deadline: float) -> None:
@@ -336,26 +363,28 @@ class PricedSolve:
             hi = self._search(mu0, top, Price(1.0, 0.0, only=only), _SEARCH_STEPS, deadline, tie=True)
         if hi is None:
             least = self.evaluate(Price(0.0, 1.0, 1.0, only=only))
-            for cap in self._caps(least.choice, _CAPS_TIGHT, only):
+            caps = self._caps(least.choice, _CAPS_TIGHT, only)
+            # the least-memory assignment under each cap, swept together (`_least_first` records each)
+            firsts = self._sweep_many([Price(0.0, 1.0, 1.0, cap=cap, only=only) for cap in caps])
+            for cap, first in zip(caps, firsts):
                 if self._late(deadline):
                     break
-                self._least_first(Price(1.0, 0.0, cap=cap, only=only), mu0, top, deadline)
+                self._least_first(Price(1.0, 0.0, cap=cap, only=only), first, mu0, top, deadline)
             return None
         self.evaluate(Price(1.0, hi, hi, only=only))  # blocks that also keep their recompute peak low
         best = min((r for r in self.priced if r.peak <= ip.budget and r.price.only == only),
                    key=lambda r: r.time_s)
-        for cap in self._caps(best.choice, 0, only):
-            if self._late(deadline):
-                break
-            for mu in (hi, hi / 4):
-                self.evaluate(Price(1.0, mu, 0.0, cap, only))
+        self.evaluate_many([Price(1.0, mu, 0.0, cap, only) for cap in self._caps(best.choice, 0, only)
+                            for mu in (hi, hi / 4)])
         return hi
 
-    def _least_first(self, base: Price, mu0: float, top: float, deadline: float) -> None:
-        """A short search of `base`'s prices, skipped when even its least-memory assignment does not fit
-        (a heuristic: large prices tend to the least additive bytes, so the search would most likely find
-        nothing that fits either)."""
-        if self.evaluate(replace(base, a=0.0, b=1.0, c=1.0)).peak <= self.ip.budget:
+    def _least_first(self, base: Price, first: tuple[_Priced, list[BlockTable]], mu0: float, top: float,
+                     deadline: float) -> None:
+        """A short search of `base`'s prices, skipped when even its least-memory assignment (`first`, not yet
+        recorded: the minimiser under `base` with a = 0, b = c = 1) does not fit (a heuristic: large prices
+        tend to the least additive bytes, so the search would most likely find nothing that fits either)."""
+        self._record(*first)
+        if first[0].peak <= self.ip.budget:
             self._search(mu0, top, base, 3, deadline)
             self._search(mu0, top, base, 3, deadline, tie=True)
 
@@ -534,7 +563,7 @@ class PricedSolve:
             else picked
         runs = [self.priced[i] for i in keep]
         outer = TwoLevel(self.ip, self.dec)
-        outer.points = self._columns(runs, [self.tables[i][1] for i in keep])
+        outer.points = self._columns(keep)
         used: dict[int, set[int]] = {}
         for r in runs:
             for v in self.dec.outer_nodes + [seg.out for seg in self.dec.segments if seg.out is not None]:
@@ -542,26 +571,35 @@ class PricedSolve:
         outer.allowed = {v: np.array(sorted(c), dtype=np.int64) for v, c in used.items()}
         return outer
 
-    def _columns(self, runs: list[_Priced], priced_tables: list[list[BlockTable]]) -> list[list[FrontierPoint]]:
-        """Per class: the blocks of `priced_tables` (the cheapest under each price), restricted to the
-        boundary choices that some run used (where the answer's blocks will join), both plain and
-        checkpointed, without dominated ones."""
+    def _columns(self, keep: list[int]) -> list[list[FrontierPoint]]:
+        """Per class: the blocks of the priced assignments `keep` (indices into `priced`: the cheapest blocks
+        under each one's price), restricted to the boundary choices that one of them used (where the answer's
+        blocks will join), both plain and checkpointed, without dominated ones."""
         used: list[set[int]] = [set() for _ in self.dps]
-        for r in runs:
-            for cls, p, q, _ in r.boundary:
+        for i in keep:
+            for cls, p, q, _ in self.priced[i].boundary:
                 used[cls] |= {p, q}
         out: list[list[FrontierPoint]] = []
         for cls, dp in enumerate(self.dps):
-            seen: dict[tuple, FrontierPoint] = {}
-            keep = np.array(sorted(used[cls]), dtype=np.int64)
-            for tables in priced_tables:
-                cost = tables[cls].cost
-                ps = keep[keep < cost.shape[0]]
-                qs = keep[keep < cost.shape[1]]
-                pairs = np.array([(p, q) for p in ps for q in qs], dtype=np.int64).reshape(-1, 2)
-                for pt in dp.points(tables[cls], pairs, both=True):
-                    seen.setdefault((pt.p, pt.q, pt.ckpt, pt.choice), pt)
-            out.append(undominated(list(seen.values())))
+            ends = np.array(sorted(used[cls]), dtype=np.int64)
+            rows = []
+            for i in keep:
+                table = self.tables[i][1][cls]
+                ps = ends[ends < table.cost.shape[0]]
+                qs = ends[ends < table.cost.shape[1]]
+                pairs = np.stack(np.meshgrid(ps, qs, indexing="ij"), axis=-1).reshape(-1, 2)
+                p, q, ckpt, choice = dp.blocks(table, pairs, both=True)
+                rows.append(np.column_stack([p, q, ckpt, choice]))
+            if not rows:
+                out.append([])
+                continue
+            # the same block comes from many prices: each measured once, in the order first seen
+            every = np.ascontiguousarray(np.concatenate(rows))
+            # rows as opaque bytes: np.unique over axis 0 takes four times as long
+            _, first = np.unique(every.view(np.dtype((np.void, every.itemsize * every.shape[1]))).ravel(),
+                                 return_index=True)
+            u = every[np.sort(first)]
+            out.append(undominated(dp.make_points(u[:, 0], u[:, 1], u[:, 2].astype(bool), u[:, 3:])))
         return out
 
     def _answer(self, r: _Priced, start: float, status: str, gap: float, message: str, bound: float) -> Solution:

@@ -10,6 +10,10 @@ values of the nodes kept to the end.
     sweep = eliminate(nodes, sizes, unary, incoming, keep=[a, b])
     sweep.value                      # table over the kept nodes' choices (axes in `keep` order)
     choices = sweep.argmin({a: ia, b: ib})   # every other node's choice, for batches of kept values
+
+With `batch=B` every cost array has a leading axis of B costs of the same structure (the price searches
+sweep one block under several prices at once: the array operations are the same few, on bigger arrays),
+and `sweep.at(i)` is the sweep of the i-th.
 """
 
 from __future__ import annotations
@@ -31,11 +35,17 @@ class _Record:
 
 @dataclass
 class Sweep:
-    """The result of `eliminate`: `value` is a table over the choices of `axes` (the kept nodes)."""
+    """The result of `eliminate`: `value` is a table over the choices of `axes` (the kept nodes). Of a
+    batched elimination (`index` None, every array with the batch axis first) only `at` reads choices back."""
 
     value: np.ndarray
     axes: list[int]
     records: list[_Record]
+    index: int | None = None  # which cost of a batched elimination this sweep is (`at`)
+
+    def at(self, i: int) -> Sweep:
+        """The sweep of the i-th cost of a batched elimination."""
+        return Sweep(self.value[i], self.axes, self.records, i)
 
     def argmin(self, given: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         """The minimising choice of every eliminated node, for a batch of values of the kept nodes (`given`
@@ -43,7 +53,8 @@ class Sweep:
         vals = {k: np.asarray(v) for k, v in given.items()}
         batch = next(iter(vals.values())).shape if vals else ()
         for rec in reversed(self.records):
-            idx = rec.arg[tuple(vals[u] for u in rec.scope)] if rec.scope else np.broadcast_to(rec.arg, batch)
+            arg = rec.arg if self.index is None else rec.arg[self.index]
+            idx = arg[tuple(vals[u] for u in rec.scope)] if rec.scope else np.broadcast_to(arg, batch)
             vals[rec.node] = np.asarray(idx)
         return vals
 
@@ -72,11 +83,30 @@ def _terms(factor_ids: list[int], factor_nodes: list[list[int]], scope: list[int
     return terms
 
 
-def _sum_terms(terms: list[_Term], arrays: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
-    total = np.zeros(shape)
+def _sum_terms(terms: list[_Term], arrays: list[np.ndarray], shape: tuple[int, ...], lead: tuple[int, ...] = ()
+               ) -> np.ndarray:
+    """The terms summed into one C-ordered table of `lead + shape`, left to right (a fresh array once two
+    terms are added, then added to in place: the sweeps call this a hundred thousand times on small tables).
+    `lead`: the batch axis every array has first, or ()."""
+    total: np.ndarray | None = None
+    owned = False
+    full = lead + shape
+    k = len(lead)
     for t in terms:
         arr = arrays[t.factor]
-        total = total + (arr if t.perm is None else np.transpose(arr, t.perm)).reshape(t.shape)
+        if t.perm is not None:
+            arr = np.transpose(arr, tuple(range(k)) + tuple(p + k for p in t.perm))
+        view = arr.reshape(lead + t.shape)
+        if total is None:
+            total = view
+        elif owned and total.shape == full:
+            total += view
+        else:
+            total, owned = np.add(total, view, order="C"), True  # C order: argmin runs along the last axis
+    if total is None:
+        return np.zeros(full)
+    if not owned or total.shape != full:
+        total = np.add(total, np.zeros(full), order="C")
     return total
 
 
@@ -136,7 +166,7 @@ def _schedule(order: list[int], sizes: dict[int, int], factors: list[list[int]],
 
 def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarray],
               incoming: dict[int, list[tuple[int, np.ndarray]]], keep: list[int] | tuple[int, ...] = (),
-              start: list[int] | tuple[int, ...] = (), memo: dict | None = None) -> Sweep:
+              start: list[int] | tuple[int, ...] = (), memo: dict | None = None, batch: int = 0) -> Sweep:
     """Minimise sum_v unary[v][c_v] + sum over edges (u -> v) of M[c_u, c_v] over the nodes of `order`.
 
     order: the nodes to minimise over (their unary costs and incoming edges count); ties in the
@@ -148,6 +178,8 @@ def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarr
     memo: a dict that keeps the compiled elimination of each structure (nodes, edges, kept nodes, sizes)
         for the next call with the same structure and other costs (the price searches sweep one block
         many times); the order depends only on the structure, so the result is the same.
+    batch: B > 0 when every cost array has a leading axis of B costs (the result's arrays have it too;
+        `Sweep.at(i)` reads the i-th's choices back).
     Infinite costs forbid a choice.
     """
     factor_nodes: list[list[int]] = []
@@ -168,14 +200,19 @@ def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarr
         program = _compile(order, sizes, factor_nodes, kept)
         if memo is not None:
             memo[key] = program
+    lead = (batch,) if batch else ()
     records: list[_Record] = []
     for x, scope, terms, shape in program.steps:
-        table = _sum_terms(terms, arrays, shape)
+        table = _sum_terms(terms, arrays, shape, lead)
         arg = np.argmin(table, axis=-1)
         records.append(_Record(x, scope, arg))
         arrays.append(np.take_along_axis(table, arg[..., None], axis=-1)[..., 0])
     if kept:
-        value = _sum_terms(program.final, arrays, program.final_shape)
+        value = _sum_terms(program.final, arrays, program.final_shape, lead)
+    elif batch:
+        value = np.zeros(batch)
+        for t in program.final:  # left to right, as the sum of floats below
+            value = value + arrays[t.factor]
     else:
         value = np.asarray(sum(float(arrays[t.factor]) for t in program.final))
     return Sweep(value, kept, records)

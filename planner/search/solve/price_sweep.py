@@ -27,87 +27,112 @@ class PriceSweep:
         self.ip, self.dec = ip, dec
         self.dps = [BlockDP(c.shape) for c in dec.classes]
         self._memo: dict = {}  # compiled eliminations of the outer sweep (see eliminate's memo)
+        self._edges = [e for e in ip.edges if ip.block_of[e.dst] < 0]  # the edges into outer nodes
+        self._order: list[int] | None = None  # the outer sweep's node order (the same under every price)
 
     def tables(self, price: Price) -> list[BlockTable]:
         """Per block class, the cheapest block under `price` for every boundary."""
         return [dp.table(price, self.ip.checkpointing) for dp in self.dps]
 
+    def tables_many(self, prices: list[Price]) -> list[list[BlockTable]]:
+        """`tables` of each of `prices`, every class swept under all of them at once."""
+        per_class = [dp.tables(prices, self.ip.checkpointing) for dp in self.dps]
+        return [[tables[i] for tables in per_class] for i in range(len(prices))]
+
     def minimum(self, price: Price) -> float:
         """The least priced sum under `price` alone (what the bounds are built from), without the
         minimiser's choices or its exact time and peak."""
-        return float(self.sweep(price, self.tables(price))[0].value)
+        return float(self.sweep([price], [self.tables(price)])[0].value[0])
 
-    def sweep(self, price: Price, tables: list[BlockTable]) -> tuple:
-        """The outer variable-elimination sweep under `price`, the blocks' tables given, and per segment
-        its min-plus powers with their argmins (to walk the blocks' boundaries back)."""
+    def sweep(self, prices: list[Price], tables: list[list[BlockTable]]) -> tuple:
+        """The outer variable-elimination sweep under each of `prices` (a leading axis on every array), the
+        blocks' tables given per price, and per segment its min-plus powers with their argmins (to walk the
+        blocks' boundaries back)."""
         ip, dec = self.ip, self.dec
+        batch = len(prices)
+        a, b = (np.array([getattr(p, k) for p in prices])[:, None] for k in "ab")
+        caps = np.array([p.cap for p in prices])[:, None]
+        capped = bool(np.isfinite(caps).any())
         sizes: dict[int, int] = {}
         unary: dict[int, np.ndarray] = {}
         incoming: dict[int, list[tuple[int, np.ndarray]]] = {}
         for v in dec.outer_nodes:
-            w = price.a * ip.time[v] + price.b * (ip.state[v] + ip.saved[v]).astype(float)
-            sizes[v], unary[v], incoming[v] = ip.sizes[v], np.where(ip.transient[v] <= price.cap, w, np.inf), []
-            mask = allowed(ip.labels[v], price.only)
-            if mask is not None:
-                unary[v] = np.where(mask, unary[v], np.inf)
+            w = a * ip.time[v] + b * (ip.state[v] + ip.saved[v]).astype(float)
+            if capped:
+                w = np.where(ip.transient[v] <= caps, w, np.inf)
+            masks = [allowed(ip.labels[v], p.only) for p in prices]
+            if any(m is not None for m in masks):
+                w = np.where(np.array([np.ones(ip.sizes[v], bool) if m is None else m for m in masks]), w, np.inf)
+            sizes[v], unary[v], incoming[v] = ip.sizes[v], w, []
         powers = []
         for k, seg in enumerate(dec.segments):
-            cost = tables[seg.cls].cost
+            cost = np.stack([t[seg.cls].cost for t in tables])
             steps = [(cost, None)]
             for _ in range(len(seg.blocks) - 1):  # min-plus powers, with the argmin of each join
-                both = steps[-1][0][:, :, None] + cost[None, :, :]
-                arg = np.argmin(both, axis=1)
-                steps.append((np.take_along_axis(both, arg[:, None, :], axis=1)[:, 0, :], arg))
+                both = steps[-1][0][:, :, :, None] + cost[:, None, :, :]
+                arg = np.argmin(both, axis=2)
+                steps.append((np.take_along_axis(both, arg[:, :, None, :], axis=2)[:, :, 0, :], arg))
             powers.append(steps)
             node = _seg_node(k, seg.out)
-            sizes[node] = cost.shape[1]
+            sizes[node] = cost.shape[2]
             if seg.port is None:
-                unary[node], incoming[node] = steps[-1][0][0], []
+                unary[node], incoming[node] = steps[-1][0][:, 0], []
             else:
-                unary[node], incoming[node] = np.zeros(cost.shape[1]), [(seg.port, steps[-1][0])]
-        for e in ip.edges:
-            if ip.block_of[e.dst] < 0:
-                mat = price.a * e.cost + (0.0 if e.saved is None else price.b * e.saved.astype(float))
-                if e.transient is not None:
-                    mat = np.where(e.transient <= price.cap, mat, np.inf)
-                incoming[e.dst].append((e.src, mat))
-        ids = list(sizes)
-        pos = {v: i for i, v in enumerate(ids)}
-        order = topological_order(len(ids), [(pos[u], pos[v]) for v in ids for u, _ in incoming[v]])
-        if order is None:
-            raise RuntimeError("outer nodes form a cycle (internal error)")
-        sweep = eliminate([ids[i] for i in order], sizes, unary, incoming, memo=self._memo)
+                unary[node], incoming[node] = np.zeros((batch, cost.shape[2])), [(seg.port, steps[-1][0])]
+        a3, b3, caps3 = a[:, :, None], b[:, :, None], caps[:, :, None]
+        for e in self._edges:
+            mat = a3 * e.cost + (0.0 if e.saved is None else b3 * e.saved.astype(float))
+            if e.transient is not None and capped:
+                mat = np.where(e.transient <= caps3, mat, np.inf)
+            incoming[e.dst].append((e.src, mat))
+        if self._order is None:
+            ids = list(sizes)
+            pos = {v: i for i, v in enumerate(ids)}
+            order = topological_order(len(ids), [(pos[u], pos[v]) for v in ids for u, _ in incoming[v]])
+            if order is None:
+                raise RuntimeError("outer nodes form a cycle (internal error)")
+            self._order = [ids[i] for i in order]
+        sweep = eliminate(self._order, sizes, unary, incoming, memo=self._memo, batch=batch)
         return sweep, powers
 
-
     def minimiser(self, price: Price, tables: list[BlockTable]) -> tuple[list[int], list[int], list, float]:
-        """The minimiser under `price` (the blocks' `tables` given): one choice per node, the checkpointed
-        blocks (sorted), per block its (class, p, q, checkpointed) boundary, and the minimum."""
+        """The minimiser under `price` (the blocks' `tables` given): see `minimisers`."""
+        return self.minimisers([price], [tables])[0]
+
+    def minimisers(self, prices: list[Price], tables: list[list[BlockTable]]
+                   ) -> list[tuple[list[int], list[int], list, float]]:
+        """The minimiser under each of `prices` (the blocks' `tables` given per price), swept together: one
+        choice per node, the checkpointed blocks (sorted), per block its (class, p, q, checkpointed)
+        boundary, and the minimum."""
         ip, dec = self.ip, self.dec
-        sweep, powers = self.sweep(price, tables)
-        picked = {v: int(x) for v, x in sweep.argmin({}).items()}
-        choice = [0] * ip.n
-        for v in dec.outer_nodes:
-            choice[v] = picked[v]
-        ckpt, boundary = [], []
-        for k, seg in enumerate(dec.segments):
-            start = 0 if seg.port is None else picked[seg.port]
-            walk = [picked[_seg_node(k, seg.out)]]
-            for _, arg in reversed(powers[k][1:]):
-                walk.append(int(arg[start, walk[-1]]))
-            walk.append(start)
-            walk = walk[::-1]  # walk[i] -> walk[i + 1] is block i's boundary
-            table, dp = tables[seg.cls], self.dps[seg.cls]
-            ps, qs = np.array(walk[:-1]), np.array(walk[1:])
-            flags = table.ckpt[ps, qs]
-            rows = table.choice(ps, qs, flags, dp.n)
-            for blk, row, p, q, flag in zip(seg.blocks, rows, ps, qs, flags):
-                for v, c in zip(ip.block_nodes[blk], row):
-                    choice[v] = int(c)
-                if flag:
-                    ckpt.append(blk)
-                boundary.append((seg.cls, int(p), int(q), bool(flag)))
-        return choice, sorted(ckpt), boundary, float(sweep.value)
+        batch, powers = self.sweep(prices, tables)
+        out = []
+        for i in range(len(prices)):
+            sweep = batch.at(i)
+            picked = {v: int(x) for v, x in sweep.argmin({}).items()}
+            choice = [0] * ip.n
+            for v in dec.outer_nodes:
+                choice[v] = picked[v]
+            ckpt, boundary = [], []
+            for k, seg in enumerate(dec.segments):
+                start = 0 if seg.port is None else picked[seg.port]
+                walk = [picked[_seg_node(k, seg.out)]]
+                for _, arg in reversed(powers[k][1:]):
+                    walk.append(int(arg[i, start, walk[-1]]))
+                walk.append(start)
+                walk = walk[::-1]  # walk[i] -> walk[i + 1] is block i's boundary
+                table, dp = tables[i][seg.cls], self.dps[seg.cls]
+                ps, qs = np.array(walk[:-1]), np.array(walk[1:])
+                flags = table.ckpt[ps, qs]
+                rows = table.choice(ps, qs, flags, dp.n)
+                for blk, row, p, q, flag in zip(seg.blocks, rows, ps, qs, flags):
+                    for v, c in zip(ip.block_nodes[blk], row):
+                        choice[v] = int(c)
+                    if flag:
+                        ckpt.append(blk)
+                    boundary.append((seg.cls, int(p), int(q), bool(flag)))
+            out.append((choice, sorted(ckpt), boundary, float(sweep.value)))
+        return out
 
 
 def _seg_node(k: int, out: int | None) -> int:
