@@ -24,6 +24,9 @@ that is most of them (gpt-tiny on 2x2x2 at 420 KiB: 11,184 -> 1,299), and the IL
 an answer solves in a few seconds. And so that the mix is never worse than one scheme throughout (what a user would otherwise pick), a short search per uniform scheme
 ranks them; the closest gets the full search and a column ILP of its own blocks, whose answer prunes the
 ILP of all blocks (at a budget that no price fits, every scheme gets the full search and its own ILP).
+
+Evaluating prices, recording their minimisers and building the columns from them is `PricedRuns`
+(`planner.search.solve.priced_runs`); this module decides which prices to evaluate and mixes the columns.
 """
 
 from __future__ import annotations
@@ -32,27 +35,25 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
-from planner.search.solve.block_dp import BlockTable, Price, allowed
+from planner.search.solve.block_dp import BlockTable, Price
 from planner.search.solve.decompose import Decomposition
 from planner.search.solve.driver import infeasible_or_fallback
-from planner.search.solve.evaluate import FastEvaluator, evaluate_indexed
-from planner.search.solve.frontier import FrontierPoint, undominated
+from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import resolve_solver
 from planner.search.solve.min_budget import LeastMemory, SolveMemo
-from planner.search.solve.price_sweep import PriceSweep
 from planner.search.solve.priced_bound import (
     banded_bound,
     golden_max,
     lagrange_range_bound,
     max_term_floor,
-    price_bound,
     transient_levels,
 )
+from planner.search.solve.priced_runs import Priced, PricedRuns
 from planner.search.solve.problem import NOT_PROVEN, Solution
 from planner.search.solve.two_level import TwoLevel, usable_columns
 
@@ -70,7 +71,6 @@ _LIFT_GAP = 0.05  # past this gap after the first bound search, the floor is rai
 # and then the search by ranges of max-term levels (`_banded`)
 _FLOOR_PRICES = 32  # least-additive prices (under transient caps) that the max-term floor search may spend
 _BAND_RANGES = 12  # ranges of max-term levels whose bounds the final bound search may price
-_CAPS = 3  # transient caps tried below the best priced assignment's largest op transient
 # A column ILP stops within _ILP_GAP of its own optimum, or where the answer so far is further than that from
 # the priced lower bound, within _ILP_GAP_SHARE of that distance (at most _ILP_GAP_MAX): the ILP's own bound
 # holds for its columns only, so proving its optimum closer never lowers the gap the answer reports, and it was
@@ -87,26 +87,8 @@ _ILP_NODES_MIXED = 10_000
 # and 2x its smallest budget (96 layers, (8,) mesh) the mixed ILP found its answer by node ~900 and then
 # ran out its 10,000 nodes at a 0.2 % gap that does not close (18-43 s, most of the plan's time)
 _ILP_STALL = 1_000
-# Prices swept together at most (`evaluate_many`): one price's sweep is a few hundred array operations,
-# mostly on small arrays; on GPT-3 175B's 4x4x4 mesh (tables of 52 x 52 x 33 choices) larger batches leave
-# the cache and get slower again (least-memory search, CPU s: 6.0 one at a time, 5.2 by 3, 4.9 by 6, 5.2 by 12)
-_BATCH = 6
 # Where nothing found fits, when the least-memory search runs (`PricedSolve.solve`'s `least`)
 LEAST_MODES = ("always", "unproven", "never")
-
-
-@dataclass
-class _Priced:
-    """One price's exact minimiser: assignment, its exact time and peak, and the bound it proves."""
-
-    price: Price
-    choice: list[int]
-    ckpt: list[int]
-    boundary: list[tuple[int, int, int, bool]]  # per block: (class, p, q, checkpointed)
-    time_s: float
-    peak: int
-    bound: float
-    value: float = np.inf  # the minimum of the priced sum itself (what the bounds are built from)
 
 
 def _ilp_gap(upper: float, bound: float) -> float:
@@ -117,7 +99,7 @@ def _ilp_gap(upper: float, bound: float) -> float:
     return float(np.clip(_ILP_GAP_SHARE * (upper - bound) / upper, _ILP_GAP, _ILP_GAP_MAX))
 
 
-class PricedSolve:
+class PricedSolve(PricedRuns):
     """The priced search and the column ILP for one decomposable problem (see the module docstring)."""
 
     def __init__(self, ip: IndexedProblem, dec: Decomposition,
@@ -125,25 +107,17 @@ class PricedSolve:
         """beaten(bound): whether an answer found elsewhere (another mesh's plan) is faster than `bound`
         seconds; once the best lower bound here is beaten the search stops (status "beaten"). memo: the
         least-memory answer of an earlier solve of `ip.problem`, and where this one's goes."""
-        self.ip, self.dec = ip, dec
+        super().__init__(ip, dec)
         self.memo = memo if memo is not None and memo.problem is ip.problem else SolveMemo(ip.problem)
         self.beaten = beaten
         self.least = "always"  # when nothing fits: the least-memory search (see `solve`'s `least`)
         self.dominated = False  # the best lower bound here is beaten (see __init__)
-        self.best_bound = -np.inf  # the best lower bound any priced minimum proved so far
-        self.sweep = PriceSweep(ip, dec)
-        self.dps = self.sweep.dps
-        self.floor = max((float(t.min()) for t in ip.transient), default=0.0)
-        self.priced: list[_Priced] = []
-        self.tables: list[tuple[Price, list[BlockTable]]] = []
         self.stats: dict[str, float] = {}
         self.scale = max(ip.time_magnitude(), 1e-30) / max(ip.budget, 1)  # seconds per budget byte, at most
         self.tiny = self.scale * 1e-9  # a price per byte that only breaks ties between equally fast choices
         self.least_runs: list[int] = []  # indices into `priced` (and `tables`) of `_least_columns`'s prices
         self._floors: dict[float, float | None] = {}  # `_floor_search` per floor it started from
-        self._levels: dict[tuple[str, ...], np.ndarray] = {}  # `_caps`'s transient levels per `only`
         self.stopped = False  # the user's time limit cut the search or an ILP short
-        self._evaluate = FastEvaluator(ip)  # the priced assignments' time and peak, as evaluate_indexed gives them
 
     def _late(self, deadline: float) -> bool:
         """Whether to stop searching: the user's time limit (a time.perf_counter() value; inf: none) has
@@ -153,51 +127,6 @@ class PricedSolve:
         if self.beaten is not None and not self.dominated and self.beaten(self.best_bound):
             self.dominated = True
         return self.stopped or self.dominated
-
-    # --- one price ------------------------------------------------------------------------------
-    def evaluate(self, price: Price, record: bool = True) -> _Priced:
-        """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`; with
-        `record`, it joins the priced assignments (and its blocks the columns)."""
-        return self.evaluate_many([price], record)[0]
-
-    def evaluate_many(self, prices: list[Price], record: bool = True) -> list[_Priced]:
-        """`evaluate` of each of `prices`, swept together (`PriceSweep.tables_many`) and recorded in order."""
-        out = []
-        for r, tables in self._sweep_many(prices):
-            if record:
-                self._record(r, tables)
-            out.append(r)
-        return out
-
-    def _sweep_many(self, prices: list[Price]) -> list[tuple[_Priced, list[BlockTable]]]:
-        """Each price's exact minimiser and its blocks' tables, not recorded (`_record`)."""
-        if len(prices) > _BATCH:
-            return [x for i in range(0, len(prices), _BATCH) for x in self._sweep_many(prices[i:i + _BATCH])]
-        if not prices:
-            return []
-        tables = self.sweep.tables_many(prices)
-        found = self.sweep.minimisers(prices, tables)
-        out = []
-        for price, tabs, (choice, ckpt, boundary, value) in zip(prices, tables, found):
-            time_s, peak = self._evaluate(choice, ckpt)
-            out.append((_Priced(price, choice, ckpt, boundary, time_s, peak, self._bound(price, value), value), tabs))
-        return out
-
-    def _record(self, r: _Priced, tables: list[BlockTable]) -> None:
-        """`r` joins the priced assignments, and its blocks (`tables`) the columns."""
-        self.tables.append((r.price, tables))
-        self.priced.append(r)
-        self.best_bound = max(self.best_bound, r.bound)
-
-    def _bound(self, price: Price, value: float) -> float:
-        """The lower bound a price's minimum proves (module docstring), when c <= b / M, M the number of
-        blocks: the max term is at least `floor` (`_raise_floor`) and at least the mean over all blocks of
-        the activations a checkpointed block recomputes, so it is at least the mix (1 - cM/b)·floor +
-        (c/b)·sum of those. -inf for prices that prove nothing (capped, restricted, a != 1)."""
-        m = len(self.ip.block_nodes)
-        valid = (price.a == 1.0 and price.cap == np.inf and not price.only
-                 and (price.c == 0.0 or price.c * m <= price.b * (1 + 1e-12)))
-        return price_bound(value, price, self.floor, self.ip) if valid else -np.inf
 
     def _floor_search(self) -> float | None:
         """The least max term that an assignment that fits can have, from `floor` up
@@ -378,7 +307,7 @@ class PricedSolve:
                             for mu in (hi, hi / 4)])
         return hi
 
-    def _least_first(self, base: Price, first: tuple[_Priced, list[BlockTable]], mu0: float, top: float,
+    def _least_first(self, base: Price, first: tuple[Priced, list[BlockTable]], mu0: float, top: float,
                      deadline: float) -> None:
         """A short search of `base`'s prices, skipped when even its least-memory assignment (`first`, not yet
         recorded: the minimiser under `base` with a = 0, b = c = 1) does not fit (a heuristic: large prices
@@ -451,25 +380,6 @@ class PricedSolve:
                 mu = mu * 3 if hi is None else np.sqrt(lo * hi)
         if hi is None:
             self.evaluate(Price(0.0, 1.0, 1.0, only=group))
-
-    def _caps(self, choice: list[int], most: int = 0, only: tuple[str, ...] = ()) -> list[float]:
-        """Up to _CAPS transient levels just below the largest op or conversion transient of `choice`: prices
-        with these caps give columns (and outer choices) that trade a smaller max term for time or bytes.
-        The levels are those of the options `only` allows (a uniform search's caps step through its own)."""
-        ip = self.ip
-        works = [e for e in ip.edges if e.transient is not None]
-        top = max([int(ip.transient[v][c]) for v, c in enumerate(choice)]
-                  + [int(e.transient[choice[e.src], choice[e.dst]]) for e in works], default=0)
-        if only not in self._levels:  # the same for every choice: once per `only` (it was a quarter of the
-            # least-memory search on gpt3-175b's 4x4x4 mesh, 2.8 of 10 s)
-            masks = [allowed(labels, only) for labels in ip.labels]
-            ok = [np.ones(len(t), bool) if m is None else m for t, m in zip(ip.transient, masks)]
-            levels = [t[m] for t, m in zip(ip.transient, ok)]
-            levels += [e.transient[np.ix_(ok[e.src], ok[e.dst])].ravel() for e in works]
-            self._levels[only] = np.unique(np.concatenate(levels))
-        below = self._levels[only]
-        below = below[below < top]
-        return [float(x) for x in below[::-1][:most or _CAPS]]
 
     def _finish(self, start: float, deadline: float, solver: str, firsts: list[tuple[str, ...]],
                 mixed: list[tuple[str, ...]] | None) -> Solution:
@@ -555,54 +465,7 @@ class PricedSolve:
             sol.raise_bound(self.best_bound, GAP_TOLERANCE)
         return sol
 
-    def _outer(self, only: list[tuple[str, ...]] | None, picked: list[int] | None = None) -> TwoLevel:
-        """The column ILP over the blocks that the prices restricted to one of `only` found (every price's
-        when None; with `picked`, those priced assignments' only); the outer nodes and segment ends take the
-        choices those priced assignments gave them."""
-        keep = [i for i, r in enumerate(self.priced) if only is None or r.price.only in only] if picked is None \
-            else picked
-        runs = [self.priced[i] for i in keep]
-        outer = TwoLevel(self.ip, self.dec)
-        outer.points = self._columns(keep)
-        used: dict[int, set[int]] = {}
-        for r in runs:
-            for v in self.dec.outer_nodes + [seg.out for seg in self.dec.segments if seg.out is not None]:
-                used.setdefault(v, set()).add(r.choice[v])
-        outer.allowed = {v: np.array(sorted(c), dtype=np.int64) for v, c in used.items()}
-        return outer
-
-    def _columns(self, keep: list[int]) -> list[list[FrontierPoint]]:
-        """Per class: the blocks of the priced assignments `keep` (indices into `priced`: the cheapest blocks
-        under each one's price), restricted to the boundary choices that one of them used (where the answer's
-        blocks will join), both plain and checkpointed, without dominated ones."""
-        used: list[set[int]] = [set() for _ in self.dps]
-        for i in keep:
-            for cls, p, q, _ in self.priced[i].boundary:
-                used[cls] |= {p, q}
-        out: list[list[FrontierPoint]] = []
-        for cls, dp in enumerate(self.dps):
-            ends = np.array(sorted(used[cls]), dtype=np.int64)
-            rows = []
-            for i in keep:
-                table = self.tables[i][1][cls]
-                ps = ends[ends < table.cost.shape[0]]
-                qs = ends[ends < table.cost.shape[1]]
-                pairs = np.stack(np.meshgrid(ps, qs, indexing="ij"), axis=-1).reshape(-1, 2)
-                p, q, ckpt, choice = dp.blocks(table, pairs, both=True)
-                rows.append(np.column_stack([p, q, ckpt, choice]))
-            if not rows:
-                out.append([])
-                continue
-            # the same block comes from many prices: each measured once, in the order first seen
-            every = np.ascontiguousarray(np.concatenate(rows))
-            # rows as opaque bytes: np.unique over axis 0 takes four times as long
-            _, first = np.unique(every.view(np.dtype((np.void, every.itemsize * every.shape[1]))).ravel(),
-                                 return_index=True)
-            u = every[np.sort(first)]
-            out.append(undominated(dp.make_points(u[:, 0], u[:, 1], u[:, 2].astype(bool), u[:, 3:])))
-        return out
-
-    def _answer(self, r: _Priced, start: float, status: str, gap: float, message: str, bound: float) -> Solution:
+    def _answer(self, r: Priced, start: float, status: str, gap: float, message: str, bound: float) -> Solution:
         return Solution(status=status, choice=dict(zip(self.ip.names, r.choice)),
                         checkpointed=[self.ip.block_names[b] for b in r.ckpt], objective=r.time_s, gap=gap,
                         seconds=time.perf_counter() - start, solver="dp", peak_bytes=r.peak, method="priced",

@@ -67,11 +67,12 @@ class PriceSweep:
         powers = []
         for k, seg in enumerate(dec.segments):
             cost = np.stack([t[seg.cls].cost for t in tables])
+            into = np.ascontiguousarray(np.swapaxes(cost, 1, 2))  # [q, x]: the join's axis last, where argmin is fast
             steps = [(cost, None)]
             for _ in range(len(seg.blocks) - 1):  # min-plus powers, with the argmin of each join
-                both = steps[-1][0][:, :, :, None] + cost[:, None, :, :]
-                arg = np.argmin(both, axis=2)
-                steps.append((np.take_along_axis(both, arg[:, :, None, :], axis=2)[:, :, 0, :], arg))
+                both = steps[-1][0][:, :, None, :] + into[:, None, :, :]  # [p, q, x]
+                arg = np.argmin(both, axis=3)
+                steps.append((np.take_along_axis(both, arg[..., None], axis=3)[..., 0], arg))
             powers.append(steps)
             node = _seg_node(k, seg.out)
             sizes[node] = cost.shape[2]
