@@ -257,7 +257,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
               ) -> tuple[Solution, Callable[[Solution], Solution | None] | None]:
     """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
     and for a priced answer what is left for the answer `solve` keeps: the bound search (`PricedSolve.lift`)
-    and, with method "auto", the flat ILP from it where that is small (`_lift_and_refine`). `least`: when the
+    and, with method "auto", the flat ILP from it where that is small, then the piece swaps (`_refine`). `least`: when the
     priced search finds nothing that fits, whether it searches the least-memory answer (`PricedSolve.solve`)."""
     exact = IndexedProblem(problem, budget)
     ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
@@ -273,9 +273,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
             try:
                 search = PricedSolve(ip, dec or decompose(ip), beaten, memo)
                 sol = search.solve(name, deadline, lift=False, least=least)
-                lift = functools.partial(search.lift, deadline=deadline)
-                if method == "auto":
-                    lift = functools.partial(_lift_and_refine, lift, ip, exact, name, deadline, beaten)
+                lift = functools.partial(_refine, search, ip, exact, name, deadline, beaten, method == "auto")
             except NotDecomposable as err:
                 if method == "priced":
                     raise
@@ -302,14 +300,23 @@ def _as_given(exact: IndexedProblem, sol: Solution) -> Solution:
     return sol
 
 
-def _lift_and_refine(lift: Callable[[Solution], None], ip: IndexedProblem, exact: IndexedProblem, name: str,
-                     deadline: float, beaten: Callable[[float], bool] | None, sol: Solution) -> Solution:
-    """For the answer `solve` keeps of a priced round under method "auto": its bound lifted (`lift`), then
-    the flat ILP's answer from it where that is small (`_exact_if_small`), its figures those of the problem
-    as given (`exact`)."""
-    lift(sol)
-    better = _exact_if_small(ip, sol, name, deadline, beaten)
-    return better if better is sol else _as_given(exact, better)
+def _refine(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name: str, deadline: float,
+            beaten: Callable[[float], bool] | None, small: bool, sol: Solution) -> Solution:
+    """For the answer `solve` keeps of a priced round (once per solve, not for every round's): its bound lifted
+    (`PricedSolve.lift`); with `small` (method "auto"), the flat ILP's answer from it where that ILP is small
+    (`_exact_if_small`); then, where the answer is still not proven within EXACT_GAP, a faster one from the
+    blocks one piece away (`PricedSolve.improve`). Its figures are those of the problem as given (`exact`).
+    Neither where an answer found elsewhere beats its bound."""
+    search.lift(sol, deadline)
+    out = _exact_if_small(ip, sol, name, deadline, beaten) if small else sol
+    if _unproven(out) and not (beaten is not None and math.isfinite(out.bound) and beaten(out.bound)):
+        out = search.improve(out, name, deadline)
+    return sol if out is sol else _as_given(exact, out)
+
+
+def _unproven(sol: Solution) -> bool:
+    """An answer not proven within EXACT_GAP of the optimum (a NaN gap: no bound at all)."""
+    return sol.status == "feasible" and bool(sol.choice) and not sol.gap <= EXACT_GAP
 
 
 def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: float,
@@ -317,8 +324,7 @@ def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: floa
     """`sol`, a priced answer, or where it is not proven within EXACT_GAP and the flat ILP is small, the flat
     ILP's answer from it (a MIP start: never worse), with the better of the two lower bounds. Not where an
     answer found elsewhere beats its lower bound already (`solve`'s `beaten`): no answer here could win."""
-    unproven = sol.status == "feasible" and not sol.gap <= EXACT_GAP  # a NaN gap: no bound at all
-    if not unproven or not sol.choice or flat_pairs(ip) > EXACT_FLAT_PAIRS:
+    if not _unproven(sol) or flat_pairs(ip) > EXACT_FLAT_PAIRS:
         return sol
     if beaten is not None and math.isfinite(sol.bound) and beaten(sol.bound):
         return sol

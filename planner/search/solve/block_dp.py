@@ -144,6 +144,13 @@ class BlockDP:
         pieces.append((carried, nodes, self.out, carried != PORT and any(v in self.uses_port for v in nodes)))
         return pieces
 
+    def piece_keys(self, p: int, choice: np.ndarray) -> list[tuple[int, int | None, int | None]]:
+        """Per piece of a block with port choice `p` and these node choices: where it starts (its carried
+        node's choice, or p), p where it reads the port, and where it ends (its last node's choice): two
+        pieces with equal keys can stand in for each other in any block."""
+        return [(p if carried == PORT else int(choice[carried]), p if with_port else None,
+                 None if last is None else int(choice[last])) for carried, _, last, with_port in self.pieces]
+
     def _prepare(self) -> None:
         """What the sweeps' costs are made of, per checkpoint flag (prices only weight it): per node its
         time and additive bytes as floats, and per edge its time (a checkpointed block recomputes too)."""

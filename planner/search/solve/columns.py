@@ -39,6 +39,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from planner.search.solve import piece_swaps
 from planner.search.solve.block_dp import BlockTable, Price
 from planner.search.solve.decompose import Decomposition
 from planner.search.solve.driver import infeasible_or_fallback
@@ -254,6 +255,19 @@ class PricedSolve(PricedRuns):
         by ranges of max-term levels (`_banded`) and update its gap and status."""
         if sol.status in ("optimal", "feasible") and sol.objective - sol.bound > _LIFT_GAP * sol.objective:
             sol.raise_bound(self._banded(sol.objective, deadline), GAP_TOLERANCE)
+
+    def improve(self, sol: Solution, solver: str, deadline: float) -> Solution:
+        """`sol` (this search's answer), or a faster one that fits from the blocks one piece away from its
+        own (`piece_swaps.improve`); its bound is `sol`'s."""
+        found = piece_swaps.improve(self, sol, solver, deadline, lambda upper: _ilp_gap(upper, sol.bound),
+                                    lambda: self._late(deadline))
+        if found is None:
+            return sol
+        choice, ckpt, value, cut = found
+        gap = max(0.0, (value - sol.bound) / value) if value > 0 else 0.0
+        out = self._solution(choice, ckpt, value, time.perf_counter(), gap, solver, cut, sol.bound)
+        out.seconds = sol.seconds
+        return out
 
     def _beaten(self, start: float) -> Solution:
         return Solution.beaten_by_elsewhere(self.best_bound, time.perf_counter() - start, solver="dp",

@@ -23,7 +23,7 @@ from planner.search.solve.price_sweep import PriceSweep
 from planner.search.solve.priced_bound import price_bound
 from planner.search.solve.two_level import TwoLevel
 
-__all__ = ["Priced", "PricedRuns"]
+__all__ = ["Priced", "PricedRuns", "first_rows"]
 
 # Prices swept together at most (`evaluate_many`): one price's sweep is a few hundred array operations,
 # mostly on small arrays; on GPT-3 175B's 4x4x4 mesh (tables of 52 x 52 x 33 choices) larger batches leave
@@ -61,6 +61,7 @@ class PricedRuns:
         self.tables: list[tuple[Price, list[BlockTable]]] = []
         self._levels: dict[tuple[str, ...], np.ndarray] = {}  # `_caps`'s transient levels per `only`
         self._evaluate = FastEvaluator(ip)  # the priced assignments' time and peak, as evaluate_indexed gives them
+        self._block_rows: dict[tuple[tuple[int, ...], int], np.ndarray] = {}  # `_blocks` per (keep, class)
 
     def evaluate(self, price: Price, record: bool = True) -> Priced:
         """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`; with
@@ -145,29 +146,40 @@ class PricedRuns:
         """Per class: the blocks of the priced assignments `keep` (indices into `priced`: the cheapest blocks
         under each one's price), restricted to the boundary choices that one of them used (where the answer's
         blocks will join), both plain and checkpointed, without dominated ones."""
-        used: list[set[int]] = [set() for _ in self.dps]
-        for i in keep:
-            for cls, p, q, _ in self.priced[i].boundary:
-                used[cls] |= {p, q}
         out: list[list[FrontierPoint]] = []
         for cls, dp in enumerate(self.dps):
-            ends = np.array(sorted(used[cls]), dtype=np.int64)
-            rows = []
-            for i in keep:
-                table = self.tables[i][1][cls]
-                ps = ends[ends < table.cost.shape[0]]
-                qs = ends[ends < table.cost.shape[1]]
-                pairs = np.stack(np.meshgrid(ps, qs, indexing="ij"), axis=-1).reshape(-1, 2)
-                p, q, ckpt, choice = dp.blocks(table, pairs, both=True)
-                rows.append(np.column_stack([p, q, ckpt, choice]))
-            if not rows:
-                out.append([])
-                continue
-            # the same block comes from many prices: each measured once, in the order first seen
-            every = np.ascontiguousarray(np.concatenate(rows))
-            # rows as opaque bytes: np.unique over axis 0 takes four times as long
-            _, first = np.unique(every.view(np.dtype((np.void, every.itemsize * every.shape[1]))).ravel(),
-                                 return_index=True)
-            u = every[np.sort(first)]
+            u = self._blocks(keep, cls)
             out.append(undominated(dp.make_points(u[:, 0], u[:, 1], u[:, 2].astype(bool), u[:, 3:])))
         return out
+
+    def _blocks(self, keep: list[int], cls: int) -> np.ndarray:
+        """Rows (p, q, checkpointed, node choices...) of the distinct blocks of class `cls` that `_columns`
+        measures, in the order first found (once per `keep` and class: `piece_swaps` asks again)."""
+        key = (tuple(keep), cls)
+        if key not in self._block_rows:
+            self._block_rows[key] = self._find_blocks(keep, cls)
+        return self._block_rows[key]
+
+    def _find_blocks(self, keep: list[int], cls: int) -> np.ndarray:
+        dp = self.dps[cls]
+        ends = np.array(sorted({x for i in keep for c, p, q, _ in self.priced[i].boundary if c == cls for x in (p, q)}),
+                        dtype=np.int64)
+        rows = []
+        for i in keep:
+            table = self.tables[i][1][cls]
+            ps = ends[ends < table.cost.shape[0]]
+            qs = ends[ends < table.cost.shape[1]]
+            pairs = np.stack(np.meshgrid(ps, qs, indexing="ij"), axis=-1).reshape(-1, 2)
+            p, q, ckpt, choice = dp.blocks(table, pairs, both=True)
+            rows.append(np.column_stack([p, q, ckpt, choice]))
+        return first_rows(np.concatenate(rows) if rows else np.zeros((0, 3 + dp.n), dtype=np.int64))
+
+
+def first_rows(rows: np.ndarray) -> np.ndarray:
+    """The distinct rows of an integer array, in the order first found (rows compared as opaque bytes: np.unique
+    over axis 0 takes four times as long)."""
+    rows = np.ascontiguousarray(rows)
+    if len(rows) == 0:
+        return rows
+    _, first = np.unique(rows.view(np.dtype((np.void, rows.itemsize * rows.shape[1]))).ravel(), return_index=True)
+    return rows[np.sort(first)]

@@ -132,15 +132,18 @@ class TwoLevel:
         return self.outer(mode, solver, deadline, upper)
 
     def outer(self, mode: str, solver: str, deadline: float, upper: float = np.inf, rel_gap: float = 1e-9,
-              node_limit: int | None = NODE_LIMIT, stall_nodes: int | None = None) -> _Round:
+              node_limit: int | None = NODE_LIMIT, stall_nodes: int | None = None, work_limit: int | None = None
+              ) -> _Round:
         """The outer ILP over the current `points` and the exact value of its answer (see `_round`);
         `rel_gap`: the relative gap at which a time-mode solve may stop; `node_limit`: its branch-and-bound
-        nodes at most; `stall_nodes`: nodes without a better answer after which it stops (`solve_milp`)."""
+        nodes at most; `stall_nodes`: nodes without a better answer after which it stops; `work_limit`: its
+        work at most (`solve_milp`)."""
         built = self.build(mode, self.ip.budget if mode == "time" else None)
         gaps = {"rel_gap": rel_gap} if mode == "time" else {"rel_gap": 0.0, "abs_gap": 0.25 / built.unit}
         slack = 1e-7 * abs(upper) if mode == "time" else 1.0
         res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(),
                          cutoff=(upper + slack) * built.scale, node_limit=node_limit, stall_nodes=stall_nodes,
+                         work_limit=work_limit,
                          options=(LEAN_OPTIONS | NO_PROBING) if mode == "time" else LEAN_OPTIONS, **gaps)
         if res.x is None:
             return _Round(res, built, [], [], np.inf)

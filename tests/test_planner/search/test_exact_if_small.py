@@ -1,8 +1,8 @@
 """Small problems are answered exactly: with method "auto", a priced answer not proven within 1 % is handed
 to the flat ILP as its start where that ILP is small (`planner.search.solve.EXACT_FLAT_PAIRS`). The built-in
-mlp on 2x2x2 at 2x and 4x its smallest budget (162,112 B on 8 ranks): the priced search alone stops 3-4 %
-above the optimum with a 5-36 % gap; auto finds the flat ILP's optimum, at 2x proven (at 4x the refinement's
-work limit leaves a smaller gap)."""
+mlp on 2x2x2 at 2x and 4x its smallest budget (162,112 B on 8 ranks): the priced search alone (its piece
+swaps included) ends at the optimum or 0.1 % above it with a 3-33 % gap; auto finds the flat ILP's optimum,
+at 2x proven (at 4x the refinement's work limit leaves a smaller gap)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_auto_is_the_flat_optimum_where_the_priced_search_is_not_proven(problem,
     auto = solve(problem, budget=budget)
     assert flat.status == "optimal"
     assert priced.status == "feasible" and priced.gap > 0.01  # what the priced search alone proves
-    assert priced.objective > flat.objective * 1.01
+    assert priced.objective >= flat.objective * (1 - 1e-9)  # with its piece swaps at or near it, not proven
     assert auto.objective == pytest.approx(flat.objective, rel=1e-9) and auto.peak_bytes <= budget
     assert auto.bound >= priced.bound and auto.gap < priced.gap
     if factor == 2:
