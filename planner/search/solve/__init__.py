@@ -107,10 +107,12 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         with status "feasible", its gap and a message saying so (or status "error" if none was found); the
         answer then depends on the machine's speed.
     method: "flat" (exact), "priced" (fast, for many identical blocks: a priced search and a column ILP,
-        status "optimal" only when its gap to a Lagrangian lower bound closes, otherwise "feasible" with
-        that gap), "two_level" (exact; both raise NotDecomposable when the blocks do not have one input
-        and one output node each) or "auto" (flat for small problems, priced for decomposable ones, its
-        answer handed to the flat ILP as a start where that is small and the gap over 1 %: EXACT_FLAT_PAIRS).
+        then where the gap is over 1 % the column ILP again with the blocks one piece away from the
+        answer's (`piece_swaps`); status "optimal" only when its gap to a Lagrangian lower bound closes,
+        otherwise "feasible" with that gap), "two_level" (exact; both raise NotDecomposable when the blocks
+        do not have one input and one output node each) or "auto" (flat for small problems, priced for
+        decomposable ones, its answer handed to the flat ILP as a start where that is small and the gap over
+        1 %, EXACT_FLAT_PAIRS, before the piece swaps).
     progress: show a spinner on stderr for solves that last more than a second.
     account: the bytes an answer really takes, where more is counted than the problem's formulas see
         (`plan_mesh` passes the assembled plan's bound); default: the answer's exact peak under the
