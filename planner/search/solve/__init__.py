@@ -311,14 +311,17 @@ def _refine(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name
     Neither where an answer found elsewhere beats its bound."""
     search.lift(sol, deadline)
     out = _exact_if_small(ip, sol, name, deadline, beaten) if small else sol
-    if _unproven(out) and not (beaten is not None and math.isfinite(out.bound) and beaten(out.bound)):
+    if _worth_refining(out, beaten):
         out = search.improve(out, name, deadline)
     return sol if out is sol else _as_given(exact, out)
 
 
-def _unproven(sol: Solution) -> bool:
-    """An answer not proven within EXACT_GAP of the optimum (a NaN gap: no bound at all)."""
-    return sol.status == "feasible" and bool(sol.choice) and not sol.gap <= EXACT_GAP
+def _worth_refining(sol: Solution, beaten: Callable[[float], bool] | None) -> bool:
+    """Whether a search for a faster answer than `sol` can pay: it is not proven within EXACT_GAP of the
+    optimum (a NaN gap: no bound at all), and no answer found elsewhere beats its lower bound already
+    (`solve`'s `beaten`: no answer here could win)."""
+    unproven = sol.status == "feasible" and bool(sol.choice) and not sol.gap <= EXACT_GAP
+    return unproven and not (beaten is not None and math.isfinite(sol.bound) and beaten(sol.bound))
 
 
 def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: float,
@@ -326,9 +329,7 @@ def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: floa
     """`sol`, a priced answer, or where it is not proven within EXACT_GAP and the flat ILP is small, the flat
     ILP's answer from it (a MIP start: never worse), with the better of the two lower bounds. Not where an
     answer found elsewhere beats its lower bound already (`solve`'s `beaten`): no answer here could win."""
-    if not _unproven(sol) or flat_pairs(ip) > EXACT_FLAT_PAIRS:
-        return sol
-    if beaten is not None and math.isfinite(sol.bound) and beaten(sol.bound):
+    if not _worth_refining(sol, beaten) or flat_pairs(ip) > EXACT_FLAT_PAIRS:
         return sol
     start = ([sol.choice[n] for n in ip.names], [ip.block_index(b) for b in sol.checkpointed])
     flat = solve_built(ip, functools.partial(build_flat, ip), solver=name, deadline=deadline,

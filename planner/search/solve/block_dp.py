@@ -18,7 +18,7 @@ from planner.search.solve.eliminate import Sweep, eliminate
 from planner.search.solve.evaluate import recompute_peak
 from planner.search.solve.frontier import BlockShape, FrontierPoint, plan_sweep
 
-__all__ = ["Price", "BlockDP", "BlockTable", "allowed"]
+__all__ = ["Price", "BlockDP", "BlockTable", "allowed", "forbid"]
 
 PORT = -1  # node id of the block's port in the sweeps
 
@@ -42,6 +42,15 @@ def allowed(labels: np.ndarray | None, only: tuple[str, ...]) -> np.ndarray | No
         return None
     mask = np.isin(labels, only)
     return mask if mask.any() else None
+
+
+def forbid(costs: np.ndarray, masks: list[np.ndarray | None]) -> np.ndarray:
+    """`costs` (one row of a node's options per price) with the options each price's mask (`allowed`, None:
+    all) leaves out at infinity."""
+    if all(m is None for m in masks):
+        return costs
+    ok = np.array([np.ones(costs.shape[-1], bool) if m is None else m for m in masks])
+    return np.where(ok, costs, np.inf)
 
 
 @dataclass
@@ -193,10 +202,7 @@ class BlockDP:
                 w = w + c * saved
             if capped:
                 w = np.where(sh.transient[v] <= caps, w, np.inf)
-            if any(m[v] is not None for m in masks):
-                ok = np.array([np.ones(len(time), bool) if m[v] is None else m[v] for m in masks])
-                w = np.where(ok, w, np.inf)
-            unary[v] = w
+            unary[v] = forbid(w, [m[v] for m in masks])
         a3, caps3 = a[:, :, None], caps[:, :, None]
         incoming: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in range(self.n)}
         for s, d, cost, work in self._edge_parts[ckpt]:

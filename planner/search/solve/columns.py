@@ -55,7 +55,7 @@ from planner.search.solve.priced_bound import (
     transient_levels,
 )
 from planner.search.solve.priced_runs import Priced, PricedRuns
-from planner.search.solve.problem import NOT_PROVEN, Solution
+from planner.search.solve.problem import NOT_PROVEN, Solution, relative_gap
 from planner.search.solve.two_level import TwoLevel, usable_columns
 
 __all__ = ["PricedSolve", "GAP_TOLERANCE"]
@@ -264,8 +264,8 @@ class PricedSolve(PricedRuns):
         if found is None:
             return sol
         choice, ckpt, value, cut = found
-        gap = max(0.0, (value - sol.bound) / value) if value > 0 else 0.0
-        out = self._solution(choice, ckpt, value, time.perf_counter(), gap, solver, cut, sol.bound)
+        out = self._solution(choice, ckpt, value, time.perf_counter(), relative_gap(value, sol.bound), solver, cut,
+                             sol.bound)
         out.seconds = sol.seconds
         return out
 
@@ -429,9 +429,7 @@ class PricedSolve(PricedRuns):
                 answer = (rnd.choice, rnd.ckpt, rnd.value)
         self.stats["columns"] = float(sum(len(p) for p in outer.points))
         if answer is not None:
-            value = answer[2]
-            gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
-            return self._solution(*answer, start, gap, solver, cut, bound)
+            return self._solution(*answer, start, relative_gap(answer[2], bound), solver, cut, bound)
         # Nothing fits among these columns: the least-memory ILP over the least-memory columns (the answer
         # and the least peak a budget-0 solve gives; at that budget, this answer is the one that fits). Over
         # all columns it took 8 s on HF GPT-2's 4x4x4 mesh (27,111 columns) for the same least peak.

@@ -21,7 +21,7 @@ from planner.search.solve.priced_runs import PricedRuns, first_rows
 from planner.search.solve.problem import Solution
 from planner.search.solve.two_level import TwoLevel, usable_columns
 
-__all__ = ["improve", "swap_columns"]
+__all__ = ["improve", "piece_options", "swap_columns"]
 
 # Column ILPs with the blocks one piece away from the answer's (`improve`), each from the last one's answer,
 # with less work than the others: their faster answers came within 100 nodes (tiny HF models, 8 and 64
@@ -43,11 +43,12 @@ def improve(runs: PricedRuns, sol: Solution, solver: str, deadline: float, rel_g
     outer = runs._outer(None)  # every price's blocks (the last column ILP's alone find less)
     cols, allowed = outer.points, outer.allowed
     best = ([sol.choice[n] for n in ip.names], [ip.block_index(b) for b in sol.checkpointed], sol.objective)
+    options = piece_options(runs)
     cut, found = False, False
     for _ in range(_SWAP_ROUNDS):
         if late():
             break
-        cols = [undominated(a + b) for a, b in zip(cols, swap_columns(runs, best[0]))]
+        cols = [undominated(a + b) for a, b in zip(cols, swap_columns(runs, options, best[0]))]
         outer = TwoLevel(ip, runs.dec)
         outer.points, outer.allowed = usable_columns(ip, runs.dec, cols, allowed, best[2]), allowed
         rnd = outer.outer("time", solver, deadline, best[2], rel_gap=rel_gap(best[2]), node_limit=_SWAP_NODES,
@@ -59,28 +60,40 @@ def improve(runs: PricedRuns, sol: Solution, solver: str, deadline: float, rel_g
     return (*best, cut) if found else None
 
 
-def swap_columns(runs: PricedRuns, choice: list[int]) -> list[list[FrontierPoint]]:
-    """Per class: the blocks one piece away from the blocks of `choice` (an assignment). A block is swept
-    in pieces that meet only at one node's choice (`BlockDP.pieces`), so any piece of a block priced
-    along the way (`PricedRuns._blocks`) that starts and ends on the same choices as a piece of an answer block can
-    replace it: the result is a block no single price made cheapest, measured exactly. Priced minimisers
-    give whole blocks; an answer that mixes, in one layer, the attention of one price with the MLP of
-    another (HF LLaMA on 2x2x2 at 1.25x its smallest budget: 3 % faster) is found this way."""
-    out: list[list[FrontierPoint]] = []
+Options = list[dict[tuple, dict[tuple[int, ...], None]]]  # per piece: its end choices -> its node choices
+
+
+def piece_options(runs: PricedRuns) -> list[Options]:
+    """Per class, per piece: the node choices of that piece in the blocks priced along the way
+    (`PricedRuns._blocks`), by the choices it starts and ends on (`BlockDP.piece_keys`; ordered sets)."""
     every = list(range(len(runs.priced)))
+    out = []
     for cls, dp in enumerate(runs.dps):
         known = runs._blocks(every, cls)
-        options: list[dict[tuple, dict[tuple[int, ...], None]]] = [{} for _ in dp.pieces]  # ordered sets
+        options: Options = [{} for _ in dp.pieces]
         for row in first_rows(np.column_stack([known[:, 0], known[:, 3:]])):  # (p, choices) once each
             for k, key in enumerate(dp.piece_keys(int(row[0]), row[1:])):
                 options[k].setdefault(key, {})[tuple(row[1:][dp.pieces[k][1]].tolist())] = None
+        out.append(options)
+    return out
+
+
+def swap_columns(runs: PricedRuns, options: list[Options], choice: list[int]) -> list[list[FrontierPoint]]:
+    """Per class: the blocks one piece away from the blocks of `choice` (an assignment). A block is swept
+    in pieces that meet only at one node's choice (`BlockDP.pieces`), so any piece of a block priced
+    along the way (`options`, from `piece_options`) that starts and ends on the same choices as a piece of an
+    answer block can replace it: the result is a block no single price made cheapest, measured exactly.
+    Priced minimisers give whole blocks; an answer that mixes, in one layer, the attention of one price with
+    the MLP of another (HF LLaMA on 2x2x2 at 1.25x its smallest budget: 3 % faster) is found this way."""
+    out: list[list[FrontierPoint]] = []
+    for cls, dp in enumerate(runs.dps):
         made = []
         for blk in (b for b, c in enumerate(runs.dec.block_class) if c == cls):
             port = runs.dec.ports[blk]
             p = choice[port] if port is not None else 0
             mine = np.array([choice[v] for v in runs.ip.block_nodes[blk]], dtype=np.int64)
             for k, key in enumerate(dp.piece_keys(p, mine)):
-                for conf in options[k].get(key, ()):
+                for conf in options[cls][k].get(key, ()):
                     row = mine.copy()
                     row[dp.pieces[k][1]] = conf
                     made.append(np.concatenate([[p], row]))

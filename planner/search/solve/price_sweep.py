@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.search.solve.block_dp import BlockDP, BlockTable, Price, allowed
+from planner.search.solve.block_dp import BlockDP, BlockTable, Price, allowed, forbid
 from planner.search.solve.decompose import Decomposition
 from planner.search.solve.eliminate import eliminate
 from planner.search.solve.frontier import topological_order
@@ -29,6 +29,13 @@ class PriceSweep:
         self._memo: dict = {}  # compiled eliminations of the outer sweep (see eliminate's memo)
         self._edges = [e for e in ip.edges if ip.block_of[e.dst] < 0]  # the edges into outer nodes
         self._order: list[int] | None = None  # the outer sweep's node order (the same under every price)
+        self._masks: dict[tuple[str, ...], dict[int, np.ndarray | None]] = {}  # `_mask` per `only`
+
+    def _mask(self, only: tuple[str, ...]) -> dict[int, np.ndarray | None]:
+        """Per outer node, the options `only` allows (None: all), once per `only`."""
+        if only not in self._masks:
+            self._masks[only] = {v: allowed(self.ip.labels[v], only) for v in self.dec.outer_nodes}
+        return self._masks[only]
 
     def tables(self, price: Price) -> list[BlockTable]:
         """Per block class, the cheapest block under `price` for every boundary."""
@@ -60,10 +67,7 @@ class PriceSweep:
             w = a * ip.time[v] + b * (ip.state[v] + ip.saved[v]).astype(float)
             if capped:
                 w = np.where(ip.transient[v] <= caps, w, np.inf)
-            masks = [allowed(ip.labels[v], p.only) for p in prices]
-            if any(m is not None for m in masks):
-                w = np.where(np.array([np.ones(ip.sizes[v], bool) if m is None else m for m in masks]), w, np.inf)
-            sizes[v], unary[v], incoming[v] = ip.sizes[v], w, []
+            sizes[v], unary[v], incoming[v] = ip.sizes[v], forbid(w, [self._mask(p.only)[v] for p in prices]), []
         powers = []
         for k, seg in enumerate(dec.segments):
             cost = np.stack([t[seg.cls].cost for t in tables])

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "Problem", "Solution", "NOT_PROVEN"]
+__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "Problem", "Solution", "NOT_PROVEN", "relative_gap"]
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,12 @@ class Solution:
                 or self.status not in ("optimal", "feasible"):
             return
         self.bound = bound
-        self.gap = max(0.0, (self.objective - bound) / self.objective) if self.objective > 0 else 0.0
+        self.gap = relative_gap(self.objective, bound)
         if self.gap <= tolerance:
             self.status = "optimal"
             self.message = "; ".join(m for m in self.message.split("; ") if m and m != NOT_PROVEN)
+
+
+def relative_gap(objective: float, bound: float) -> float:
+    """How far `objective` is above the lower bound `bound`, as a share of it (0 when not above it)."""
+    return max(0.0, (objective - bound) / objective) if objective > 0 else 0.0

@@ -16,7 +16,7 @@ from planner.search.solve import evaluate
 from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import decompose
 from planner.search.solve.indexed import IndexedProblem, fold_fixed_edges, fold_shared_inputs
-from planner.search.solve.piece_swaps import swap_columns
+from planner.search.solve.piece_swaps import piece_options, swap_columns
 from planner.trace.tracer import capture
 
 
@@ -59,5 +59,5 @@ def test_a_swapped_piece_makes_a_faster_answer(llama_problem) -> None:
     blocks = {(answer[port] if (port := search.dec.ports[b]) is not None else 0, tuple(answer[v] for v in nodes))
               for b, nodes in enumerate(ip.block_nodes)}
     assert any((p, ch) not in {(pp, cc) for pp, _, cc in priced} for p, ch in blocks)
-    swapped = {(pt.p, pt.choice) for cls in swap_columns(search, answer) for pt in cls}
+    swapped = {(pt.p, pt.choice) for cls in swap_columns(search, piece_options(search), answer) for pt in cls}
     assert swapped and all(len(ch) == len(search.dps[0].shape.sizes) for _, ch in swapped)
