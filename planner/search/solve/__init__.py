@@ -107,8 +107,9 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         with status "feasible", its gap and a message saying so (or status "error" if none was found); the
         answer then depends on the machine's speed.
     method: "flat" (exact), "priced" (fast, for many identical blocks: a priced search and a column ILP,
-        then where the gap is over 1 % the column ILP again with the blocks one piece away from the
-        answer's (`piece_swaps`); status "optimal" only when its gap to a Lagrangian lower bound closes,
+        then where the gap is over 1 % the column ILP again with the minimisers of prices that pin one node
+        to one group of its options (`pinned`) and the blocks one piece away from the answer's
+        (`piece_swaps`); status "optimal" only when its gap to a Lagrangian lower bound closes,
         otherwise "feasible" with that gap), "two_level" (exact; both raise NotDecomposable when the blocks
         do not have one input and one output node each) or "auto" (flat for small problems, priced for
         decomposable ones, its answer handed to the flat ILP as a start where that is small and the gap over
@@ -259,8 +260,9 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
               ) -> tuple[Solution, Callable[[Solution], Solution | None] | None]:
     """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
     and for a priced answer what is left for the answer `solve` keeps: the bound search (`PricedSolve.lift`)
-    and, with method "auto", the flat ILP from it where that is small, then the piece swaps (`_refine`). `least`: when the
-    priced search finds nothing that fits, whether it searches the least-memory answer (`PricedSolve.solve`)."""
+    and, with method "auto", the flat ILP from it where that is small, then the pins and piece swaps (`_refine`).
+    `least`: when the priced search finds nothing that fits, whether it searches the least-memory answer
+    (`PricedSolve.solve`)."""
     exact = IndexedProblem(problem, budget)
     ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
     ip.time, ip.recompute, ip.transient, ip.edges = (list(exact.time), list(exact.recompute),
@@ -307,8 +309,8 @@ def _refine(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name
     """For the answer `solve` keeps of a priced round (once per solve, not for every round's): its bound lifted
     (`PricedSolve.lift`); with `small` (method "auto"), the flat ILP's answer from it where that ILP is small
     (`_exact_if_small`); then, where the answer is still not proven within EXACT_GAP, a faster one from the
-    blocks one piece away (`PricedSolve.improve`). Its figures are those of the problem as given (`exact`).
-    Neither where an answer found elsewhere beats its bound."""
+    pinned prices' columns and the blocks one piece away (`PricedSolve.improve`). Its figures are those of the
+    problem as given (`exact`). Neither where an answer found elsewhere beats its bound."""
     search.lift(sol, deadline)
     out = _exact_if_small(ip, sol, name, deadline, beaten) if small else sol
     if _worth_refining(out, beaten):

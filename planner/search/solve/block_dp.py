@@ -18,22 +18,26 @@ from planner.search.solve.eliminate import Sweep, eliminate
 from planner.search.solve.evaluate import recompute_peak
 from planner.search.solve.frontier import BlockShape, FrontierPoint, plan_sweep
 
-__all__ = ["Price", "BlockDP", "BlockTable", "allowed", "forbid"]
+__all__ = ["Price", "BlockDP", "BlockTable", "Pin", "allowed", "forbid"]
 
 PORT = -1  # node id of the block's port in the sweeps
+Pin = tuple[int, np.ndarray]  # (block position, the options its node may take as a mask): a price's `pin` in a class
 
 
 @dataclass(frozen=True)
 class Price:
     """Weights of one scalarisation: a per second, b per additive byte, c per byte a checkpointed block
-    recomputes (its candidate for the max term); choices with a transient above `cap` are forbidden, and
-    with `only` a labelled node keeps the options with those labels (a uniform-scheme search)."""
+    recomputes (its candidate for the max term); choices with a transient above `cap` are forbidden, with
+    `only` a labelled node keeps the options with those labels (a uniform-scheme search), and with `pin`
+    one node keeps the options listed (`planner.search.solve.pinned`; a node inside a block pins that
+    position in every block of its class, whose blocks share one table)."""
 
     a: float
     b: float
     c: float = 0.0
     cap: float = np.inf
     only: tuple[str, ...] = ()  # labels: a labelled node with options so labelled takes one of them
+    pin: tuple[int, tuple[int, ...]] | None = None  # (node, the options it may take)
 
 
 def allowed(labels: np.ndarray | None, only: tuple[str, ...]) -> np.ndarray | None:
@@ -186,8 +190,9 @@ class BlockDP:
             self._masks[only] = [allowed(sh.labels[v] if sh.labels else None, only) for v in range(self.n)]
         return self._masks[only]
 
-    def _sweep_inputs(self, prices: list[Price], ckpt: bool) -> tuple[dict, dict]:
-        """The sweep's unary and edge costs under each of `prices`, stacked on a leading axis."""
+    def _sweep_inputs(self, prices: list[Price], ckpt: bool, pins: list[Pin | None] | None = None) -> tuple[dict, dict]:
+        """The sweep's unary and edge costs under each of `prices`, stacked on a leading axis; `pins`: per price,
+        the block position it pins and the options left there (None: none)."""
         sh = self.shape
         a = np.array([p.a for p in prices])[:, None]
         b = np.array([p.b for p in prices])[:, None]
@@ -195,6 +200,11 @@ class BlockDP:
         caps = np.array([p.cap for p in prices])[:, None]
         capped = bool(np.isfinite(caps).any())
         masks = [self._mask(p.only) for p in prices]
+        for i, pin in enumerate(pins or ()):
+            if pin is not None:
+                pos, keep = pin
+                masks[i] = list(masks[i])
+                masks[i][pos] = keep if masks[i][pos] is None else keep & masks[i][pos]
         unary = {}
         for v, (time, mem, saved) in enumerate(self._unary_parts[ckpt]):
             w = a * time + b * mem
@@ -213,11 +223,11 @@ class BlockDP:
             incoming[v].append((PORT, mat if work is None or not capped else np.where(work <= caps3, mat, np.inf)))
         return unary, incoming
 
-    def _one(self, prices: list[Price], ckpt: bool) -> tuple[np.ndarray, list, list]:
+    def _one(self, prices: list[Price], ckpt: bool, pins: list[Pin | None] | None) -> tuple[np.ndarray, list, list]:
         """The cheapest block per boundary (port choice, output choice) under each of `prices` (the leading
         axis), plain or checkpointed, and the pieces' sweeps and joins to read its choices back."""
         batch = len(prices)
-        unary, incoming = self._sweep_inputs(prices, ckpt)
+        unary, incoming = self._sweep_inputs(prices, ckpt, pins)
         pieces, joins, total = [], [], None
         for carried, nodes, last, with_port in self.pieces:
             start = [carried] + ([PORT] if with_port else [])
@@ -244,12 +254,13 @@ class BlockDP:
         """The cheapest block per boundary under `price` (`tables` of one price)."""
         return self.tables([price], checkpointing)[0]
 
-    def tables(self, prices: list[Price], checkpointing: bool) -> list[BlockTable]:
+    def tables(self, prices: list[Price], checkpointing: bool, pins: list[Pin | None] | None = None) -> list[BlockTable]:
         """The cheapest block per boundary under each of `prices`, swept together (the same array operations
-        on arrays with a leading axis of prices: one price's sweep is a few hundred small operations)."""
-        plain, pieces0, joins0 = self._one(prices, False)
+        on arrays with a leading axis of prices: one price's sweep is a few hundred small operations);
+        `pins`: per price, a block position it pins (`Pin`, None: none)."""
+        plain, pieces0, joins0 = self._one(prices, False, pins)
         if checkpointing:
-            kept, pieces1, joins1 = self._one(prices, True)
+            kept, pieces1, joins1 = self._one(prices, True, pins)
             cost, ckpt = np.minimum(plain, kept), kept < plain
         out = []
         for i in range(len(prices)):

@@ -39,7 +39,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner.search.solve import piece_swaps
+from planner.search.solve import piece_swaps, pinned
 from planner.search.solve.block_dp import BlockTable, Price
 from planner.search.solve.decompose import Decomposition
 from planner.search.solve.driver import infeasible_or_fallback
@@ -55,14 +55,13 @@ from planner.search.solve.priced_bound import (
     transient_levels,
 )
 from planner.search.solve.priced_runs import Priced, PricedRuns
-from planner.search.solve.problem import NOT_PROVEN, Solution, relative_gap
+from planner.search.solve.problem import GAP_TOLERANCE, NOT_PROVEN, Solution, relative_gap
 from planner.search.solve.two_level import TwoLevel, usable_columns
 
 __all__ = ["PricedSolve", "GAP_TOLERANCE"]
 
 log = logging.getLogger(__name__)
 
-GAP_TOLERANCE = 1e-4  # relative gap at which the answer counts as optimal
 _SEARCH_STEPS = 10  # most bisection steps on log(mu) ...
 _SEARCH_RATIO = 1.2  # ... stopping once the feasible and infeasible prices are this close
 _UNIFORM_STEPS = 4  # prices per uniform-scheme search
@@ -257,10 +256,12 @@ class PricedSolve(PricedRuns):
             sol.raise_bound(self._banded(sol.objective, deadline), GAP_TOLERANCE)
 
     def improve(self, sol: Solution, solver: str, deadline: float) -> Solution:
-        """`sol` (this search's answer), or a faster one that fits from the blocks one piece away from its
-        own (`piece_swaps.improve`); its bound is `sol`'s."""
-        found = piece_swaps.improve(self, sol, solver, deadline, lambda upper: _ilp_gap(upper, sol.bound),
-                                    lambda: self._late(deadline))
+        """`sol` (this search's answer), or a faster one that fits from the blocks one piece away from its own,
+        then also from the minimisers of pinned prices (`pinned.pin_columns`: one node kept to one group of
+        its options; `piece_swaps.improve`); its bound is `sol`'s."""
+        late = lambda: self._late(deadline)  # noqa: E731
+        found = piece_swaps.improve(self, sol, solver, deadline, lambda upper: _ilp_gap(upper, sol.bound), late,
+                                    lambda below: pinned.pin_columns(self, below, late))
         if found is None:
             return sol
         choice, ckpt, value, cut = found

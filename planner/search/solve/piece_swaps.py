@@ -16,9 +16,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from planner.search.solve.block_dp import PORT
 from planner.search.solve.frontier import FrontierPoint, undominated
+from planner.search.solve.pinned import within_reach
 from planner.search.solve.priced_runs import PricedRuns, first_rows
-from planner.search.solve.problem import Solution
+from planner.search.solve.problem import GAP_TOLERANCE, Solution
 from planner.search.solve.two_level import TwoLevel, usable_columns
 
 __all__ = ["improve", "piece_options", "swap_columns"]
@@ -31,33 +33,56 @@ _SWAP_ROUNDS = 2
 _SWAP_NODES = 300
 _SWAP_STALL = 100
 _SWAP_WORK = 1_000_000
+_PIN_ROUNDS = 1  # ... and with the pinned minimisers' columns (a second round found nothing more on the tiny HF models)
 
 
 def improve(runs: PricedRuns, sol: Solution, solver: str, deadline: float, rel_gap: Callable[[float], float],
-            late: Callable[[], bool]) -> tuple[list[int], list[int], float, bool] | None:
+            late: Callable[[], bool], pin: Callable[[float], int] | None = None
+            ) -> tuple[list[int], list[int], float, bool] | None:
     """A faster assignment than `sol` (an answer of the search that made `runs`) that fits the budget, from
     the column ILP over every priced block and those one piece away from the answer's (`swap_columns`),
-    again from each faster answer, _SWAP_ROUNDS rounds at most: (choices, checkpointed blocks, time, whether
-    an ILP stopped at a limit), or None. `rel_gap(upper)`: the gap at which an ILP may stop; `late()`: stop."""
+    again from each faster answer, _SWAP_ROUNDS rounds at most; then, with `pin`, the same rounds again once
+    pin(limit) recorded pinned minimisers (`pinned.pin_columns`) that may beat `limit`, without the columns
+    no faster answer can use (`pinned.within_reach`). The second pass starts from the first's answer, so
+    the pins never cost a plan the swaps found (with every column in one pass, a work-limited ILP of HF
+    BERT on 4x4x4 stopped before the answer the swaps alone reach). Returns (choices, checkpointed blocks,
+    time, whether an ILP stopped at a limit), or None. `rel_gap(upper)`: the gap at which an ILP may stop;
+    `late()`: stop."""
     ip = runs.ip
-    outer = runs._outer(None)  # every price's blocks (the last column ILP's alone find less)
-    cols, allowed = outer.points, outer.allowed
     best = ([sol.choice[n] for n in ip.names], [ip.block_index(b) for b in sol.checkpointed], sol.objective)
     options = piece_options(runs)
+    best, found, cut = _rounds(runs, runs._outer(None), options, best, solver, deadline, rel_gap, late, False)
+    if pin is not None and not late() and pin(best[2] * (1 - GAP_TOLERANCE)):
+        best, more, cut_more = _rounds(runs, runs._outer(None), options, best, solver, deadline, rel_gap, late, True,
+                                       _PIN_ROUNDS)
+        found, cut = found or more, cut or cut_more
+    return (*best, cut) if found else None
+
+
+def _rounds(runs: PricedRuns, outer: TwoLevel, options: list[Options], best: tuple[list[int], list[int], float],
+            solver: str, deadline: float, rel_gap: Callable[[float], float], late: Callable[[], bool], reach: bool,
+            most: int = _SWAP_ROUNDS) -> tuple[tuple[list[int], list[int], float], bool, bool]:
+    """The column ILP over `outer`'s columns (every price's blocks: the last column ILP's alone find less) and
+    the blocks one piece away from `best`'s, again from each faster answer, `most` rounds at most; with
+    `reach`, without the columns `pinned.within_reach` rules out. Returns the best answer, whether it is new,
+    and whether an ILP stopped at a limit."""
+    ip = runs.ip
+    cols, allowed = outer.points, outer.allowed
     cut, found = False, False
-    for _ in range(_SWAP_ROUNDS):
+    for _ in range(most):
         if late():
             break
         cols = [undominated(a + b) for a, b in zip(cols, swap_columns(runs, options, best[0]))]
         outer = TwoLevel(ip, runs.dec)
-        outer.points, outer.allowed = usable_columns(ip, runs.dec, cols, allowed, best[2]), allowed
+        kept = within_reach(runs, cols, best[2] * (1 - GAP_TOLERANCE)) if reach else cols
+        outer.points, outer.allowed = usable_columns(ip, runs.dec, kept, allowed, best[2]), allowed
         rnd = outer.outer("time", solver, deadline, best[2], rel_gap=rel_gap(best[2]), node_limit=_SWAP_NODES,
                           stall_nodes=_SWAP_STALL, work_limit=_SWAP_WORK)
         cut = cut or rnd.res.status not in ("optimal", "infeasible")
         if rnd.res.x is None or not rnd.value < best[2] or rnd.peak > ip.budget:
             break
         best, found = (rnd.choice, rnd.ckpt, rnd.value), True
-    return (*best, cut) if found else None
+    return best, found, cut
 
 
 Options = list[dict[tuple, dict[tuple[int, ...], None]]]  # per piece: its end choices -> its node choices
@@ -70,13 +95,20 @@ def piece_options(runs: PricedRuns) -> list[Options]:
     out = []
     for cls, dp in enumerate(runs.dps):
         known = runs._blocks(every, cls)
-        options: Options = [{} for _ in dp.pieces]
-        for row in first_rows(np.column_stack([known[:, 0], known[:, 3:]])):  # (p, choices) once each
-            for k, key in enumerate(dp.piece_keys(int(row[0]), row[1:])):
-                options[k].setdefault(key, {})[tuple(row[1:][dp.pieces[k][1]].tolist())] = None
+        rows = first_rows(np.column_stack([known[:, 0], known[:, 3:]]))  # (p, choices) once each
+        p, choice = rows[:, 0], rows[:, 1:]
+        options: Options = []
+        for carried, nodes, last, with_port in dp.pieces:
+            none = np.full(len(rows), -1, dtype=np.int64)  # -1 stands for None in the key
+            keys = np.column_stack([p if carried == PORT else choice[:, carried], p if with_port else none,
+                                    none if last is None else choice[:, last], choice[:, nodes]])
+            by_key: dict[tuple, dict[tuple[int, ...], None]] = {}
+            for row in first_rows(keys).tolist():  # (key, piece choices) once each, in the order first found
+                key = (row[0], None if row[1] < 0 else row[1], None if row[2] < 0 else row[2])
+                by_key.setdefault(key, {})[tuple(row[3:])] = None
+            options.append(by_key)
         out.append(options)
     return out
-
 
 def swap_columns(runs: PricedRuns, options: list[Options], choice: list[int]) -> list[list[FrontierPoint]]:
     """Per class: the blocks one piece away from the blocks of `choice` (an assignment). A block is swept

@@ -9,9 +9,11 @@ argmins walk back to the minimiser: one choice per node and the checkpointed blo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from planner.search.solve.block_dp import BlockDP, BlockTable, Price, allowed, forbid
+from planner.search.solve.block_dp import BlockDP, BlockTable, Pin, Price, allowed, forbid
 from planner.search.solve.decompose import Decomposition
 from planner.search.solve.eliminate import eliminate
 from planner.search.solve.frontier import topological_order
@@ -30,6 +32,9 @@ class PriceSweep:
         self._edges = [e for e in ip.edges if ip.block_of[e.dst] < 0]  # the edges into outer nodes
         self._order: list[int] | None = None  # the outer sweep's node order (the same under every price)
         self._masks: dict[tuple[str, ...], dict[int, np.ndarray | None]] = {}  # `_mask` per `only`
+        # block node -> (class, position): a pin on it pins that position in its class's table
+        self._where = {v: (dec.block_class[blk], pos) for blk, nodes in enumerate(ip.block_nodes)
+                       for pos, v in enumerate(nodes)}
 
     def _mask(self, only: tuple[str, ...]) -> dict[int, np.ndarray | None]:
         """Per outer node, the options `only` allows (None: all), once per `only`."""
@@ -37,13 +42,64 @@ class PriceSweep:
             self._masks[only] = {v: allowed(self.ip.labels[v], only) for v in self.dec.outer_nodes}
         return self._masks[only]
 
+    def _pin_mask(self, price: Price, v: int) -> np.ndarray | None:
+        """The options `price` leaves outer node v: its `only` and its `pin` together (None: all)."""
+        mask = self._mask(price.only)[v]
+        if price.pin is None or price.pin[0] != v:
+            return mask
+        keep = np.zeros(self.ip.sizes[v], bool)
+        keep[list(price.pin[1])] = True
+        return keep if mask is None else keep & mask
+
+    def _class_pins(self, prices: list[Price], cls: int) -> list[Pin | None] | None:
+        """Per price, the position of class `cls` it pins and the options left there (None: no price pins one)."""
+        pins: list[Pin | None] = []
+        for p in prices:
+            where = self._where.get(p.pin[0]) if p.pin is not None else None
+            if where is None or where[0] != cls:
+                pins.append(None)
+                continue
+            keep = np.zeros(self.ip.sizes[p.pin[0]], bool)
+            keep[list(p.pin[1])] = True
+            pins.append((where[1], keep))
+        return pins if any(x is not None for x in pins) else None
+
     def tables(self, price: Price) -> list[BlockTable]:
         """Per block class, the cheapest block under `price` for every boundary."""
-        return [dp.table(price, self.ip.checkpointing) for dp in self.dps]
+        return self.tables_many([price])[0]
 
-    def tables_many(self, prices: list[Price]) -> list[list[BlockTable]]:
-        """`tables` of each of `prices`, every class swept under all of them at once."""
-        per_class = [dp.tables(prices, self.ip.checkpointing) for dp in self.dps]
+    def tables_many(self, prices: list[Price], known: dict[Price, list[BlockTable]] | None = None
+                    ) -> list[list[BlockTable]]:
+        """`tables` of each of `prices`, every class swept under all of them at once. A class that a price's
+        pin does not touch has the table of that price without its pin: from `known` (tables swept before, by
+        price) or swept once for all such prices (pinned prices differ from each other only there:
+        `planner.search.solve.pinned`)."""
+        known = known or {}
+        per_class = []
+        for k, dp in enumerate(self.dps):
+            pins = self._class_pins(prices, k) or [None] * len(prices)
+            todo: list[Price] = []  # a price that pins this class as it is; the others without their pin, once each
+            todo_pins: list[Pin | None] = []
+            seen: dict[Price, int] = {}
+            slot = []
+            for p, pin in zip(prices, pins):
+                if pin is None:
+                    key = replace(p, pin=None) if p.pin is not None else p
+                    if key not in seen:
+                        seen[key] = len(todo)
+                        todo.append(key)
+                        todo_pins.append(None)
+                    slot.append(seen[key])
+                else:
+                    slot.append(len(todo))
+                    todo.append(p)
+                    todo_pins.append(pin)
+            fresh = [i for i, (p, pin) in enumerate(zip(todo, todo_pins)) if pin is not None or p not in known]
+            swept = dp.tables([todo[i] for i in fresh], self.ip.checkpointing,
+                              [todo_pins[i] for i in fresh] if any(todo_pins[i] is not None for i in fresh) else None
+                              ) if fresh else []
+            done = dict(zip(fresh, swept))
+            per_class.append([done[i] if i in done else known[todo[i]][k] for i in slot])
         return [[tables[i] for tables in per_class] for i in range(len(prices))]
 
     def minimum(self, price: Price) -> float:
@@ -67,7 +123,7 @@ class PriceSweep:
             w = a * ip.time[v] + b * (ip.state[v] + ip.saved[v]).astype(float)
             if capped:
                 w = np.where(ip.transient[v] <= caps, w, np.inf)
-            sizes[v], unary[v], incoming[v] = ip.sizes[v], forbid(w, [self._mask(p.only)[v] for p in prices]), []
+            sizes[v], unary[v], incoming[v] = ip.sizes[v], forbid(w, [self._pin_mask(p, v) for p in prices]), []
         powers = []
         for k, seg in enumerate(dec.segments):
             cost = np.stack([t[seg.cls].cost for t in tables])

@@ -77,13 +77,15 @@ class PricedRuns:
             out.append(r)
         return out
 
-    def _sweep_many(self, prices: list[Price]) -> list[tuple[Priced, list[BlockTable]]]:
-        """Each price's exact minimiser and its blocks' tables, not recorded (`_record`)."""
+    def _sweep_many(self, prices: list[Price], known: dict[Price, list[BlockTable]] | None = None
+                    ) -> list[tuple[Priced, list[BlockTable]]]:
+        """Each price's exact minimiser and its blocks' tables, not recorded (`_record`); `known`: tables swept
+        before, by price (`PriceSweep.tables_many`)."""
         if len(prices) > _BATCH:
-            return [x for i in range(0, len(prices), _BATCH) for x in self._sweep_many(prices[i:i + _BATCH])]
+            return [x for i in range(0, len(prices), _BATCH) for x in self._sweep_many(prices[i:i + _BATCH], known)]
         if not prices:
             return []
-        tables = self.sweep.tables_many(prices)
+        tables = self.sweep.tables_many(prices, known)
         found = self.sweep.minimisers(prices, tables)
         out = []
         for price, tabs, (choice, ckpt, boundary, value) in zip(prices, tables, found):
@@ -101,9 +103,9 @@ class PricedRuns:
         """The lower bound a price's minimum proves (`planner.search.solve.columns`), when c <= b / M, M the number of
         blocks: the max term is at least `floor` (`PricedSolve._raise_floor`) and at least the mean over all blocks of
         the activations a checkpointed block recomputes, so it is at least the mix (1 - cM/b)·floor +
-        (c/b)·sum of those. -inf for prices that prove nothing (capped, restricted, a != 1)."""
+        (c/b)·sum of those. -inf for prices that prove nothing (capped, restricted, pinned, a != 1)."""
         m = len(self.ip.block_nodes)
-        valid = (price.a == 1.0 and price.cap == np.inf and not price.only
+        valid = (price.a == 1.0 and price.cap == np.inf and not price.only and price.pin is None
                  and (price.c == 0.0 or price.c * m <= price.b * (1 + 1e-12)))
         return price_bound(value, price, self.floor, self.ip) if valid else -np.inf
 
@@ -145,7 +147,9 @@ class PricedRuns:
     def _columns(self, keep: list[int]) -> list[list[FrontierPoint]]:
         """Per class: the blocks of the priced assignments `keep` (indices into `priced`: the cheapest blocks
         under each one's price), restricted to the boundary choices that one of them used (where the answer's
-        blocks will join), both plain and checkpointed, without dominated ones."""
+        blocks will join; a pinned price's, `planner.search.solve.pinned`, to the boundaries that start where
+        one of its own blocks starts or end where one ends: there are hundreds of them), both plain and
+        checkpointed, without dominated ones."""
         out: list[list[FrontierPoint]] = []
         for cls, dp in enumerate(self.dps):
             u = self._blocks(keep, cls)
@@ -165,11 +169,21 @@ class PricedRuns:
         ends = np.array(sorted({x for i in keep for c, p, q, _ in self.priced[i].boundary if c == cls for x in (p, q)}),
                         dtype=np.int64)
         rows = []
+        whole: set[int] = set()  # the tables read at every pair of `ends` (pinned prices share their unpinned ones')
         for i in keep:
             table = self.tables[i][1][cls]
+            pinned = self.priced[i].price.pin is not None
+            if pinned and id(table) in whole:
+                continue  # its pairs are a subset of those read: the same rows, found before
             ps = ends[ends < table.cost.shape[0]]
             qs = ends[ends < table.cost.shape[1]]
             pairs = np.stack(np.meshgrid(ps, qs, indexing="ij"), axis=-1).reshape(-1, 2)
+            if pinned:  # a pinned minimiser's blocks: where its own blocks start or end
+                own = [(p, q) for c, p, q, _ in self.priced[i].boundary if c == cls]
+                near = np.isin(pairs[:, 0], [p for p, _ in own]) | np.isin(pairs[:, 1], [q for _, q in own])
+                pairs = pairs[near]
+            else:
+                whole.add(id(table))
             p, q, ckpt, choice = dp.blocks(table, pairs, both=True)
             rows.append(np.column_stack([p, q, ckpt, choice]))
         return first_rows(np.concatenate(rows) if rows else np.zeros((0, 3 + dp.n), dtype=np.int64))

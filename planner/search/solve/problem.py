@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "Problem", "Solution", "NOT_PROVEN", "relative_gap"]
+__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "Problem", "Solution", "GAP_TOLERANCE", "NOT_PROVEN", "relative_gap"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,7 @@ class Problem:
     shared_inputs: list[SharedInput] = field(default_factory=list)
 
 
+GAP_TOLERANCE = 1e-4  # relative gap at which an answer counts as optimal
 NOT_PROVEN = "not proven optimal: the priced search's lower bound stays below it"  # a "feasible" answer's note
 
 
