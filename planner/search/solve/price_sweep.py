@@ -47,9 +47,14 @@ class PriceSweep:
         mask = self._mask(price.only)[v]
         if price.pin is None or price.pin[0] != v:
             return mask
-        keep = np.zeros(self.ip.sizes[v], bool)
-        keep[list(price.pin[1])] = True
+        keep = self._kept(*price.pin)
         return keep if mask is None else keep & mask
+
+    def _kept(self, v: int, options: tuple[int, ...]) -> np.ndarray:
+        """Node v's options as a mask: True at `options` (a price's `pin`)."""
+        keep = np.zeros(self.ip.sizes[v], bool)
+        keep[list(options)] = True
+        return keep
 
     def _class_pins(self, prices: list[Price], cls: int) -> list[Pin | None] | None:
         """Per price, the position of class `cls` it pins and the options left there (None: no price pins one)."""
@@ -59,9 +64,7 @@ class PriceSweep:
             if where is None or where[0] != cls:
                 pins.append(None)
                 continue
-            keep = np.zeros(self.ip.sizes[p.pin[0]], bool)
-            keep[list(p.pin[1])] = True
-            pins.append((where[1], keep))
+            pins.append((where[1], self._kept(*p.pin)))
         return pins if any(x is not None for x in pins) else None
 
     def tables(self, price: Price) -> list[BlockTable]:

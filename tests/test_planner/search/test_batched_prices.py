@@ -8,17 +8,13 @@ import math
 
 import numpy as np
 import pytest
-from zoo import build
+from zoo_problems import zoo_problem
 
-from cost_models.hardware import load_profile
-from cost_models.mesh import candidate_meshes
-from planner.search.build import build_problem
 from planner.search.solve.block_dp import Price
 from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import decompose
 from planner.search.solve.eliminate import eliminate
 from planner.search.solve.indexed import IndexedProblem, fold_fixed_edges, fold_shared_inputs
-from planner.trace.tracer import capture
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -48,12 +44,8 @@ def test_a_batched_elimination_is_each_elimination(seed: int) -> None:
 
 @pytest.fixture(scope="module")
 def bert_search() -> PricedSolve:
-    ex = build("hf-bert")
-    graph = capture(ex.model, ex.example_inputs, name="hf-bert")
-    hw = load_profile("a100-80gb")
     budget = 1_500_000
-    built = build_problem(graph, candidate_meshes(8, 8)[-1], hw, budget, device=hw.device)
-    ip = IndexedProblem(built.problem, budget)
+    ip = IndexedProblem(zoo_problem("hf-bert", budget), budget)
     fold_fixed_edges(ip)
     fold_shared_inputs(ip)
     return PricedSolve(ip, decompose(ip))

@@ -7,25 +7,18 @@ from __future__ import annotations
 import math
 
 import pytest
-from zoo import build
+from zoo_problems import zoo_problem
 
-from cost_models.hardware import load_profile
-from cost_models.mesh import candidate_meshes
-from planner.search.build import build_problem
 from planner.search.solve import evaluate
 from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import decompose
 from planner.search.solve.indexed import IndexedProblem, fold_fixed_edges, fold_shared_inputs
 from planner.search.solve.piece_swaps import piece_options, swap_columns
-from planner.trace.tracer import capture
 
 
 @pytest.fixture(scope="module")
 def llama_problem():
-    ex = build("hf-llama")
-    graph = capture(ex.model, ex.example_inputs, name="hf-llama")
-    hw = load_profile("a100-80gb")
-    return build_problem(graph, candidate_meshes(8, 8)[-1], hw, 0, device=hw.device).problem
+    return zoo_problem("hf-llama")
 
 
 def _search(problem, budget: int):

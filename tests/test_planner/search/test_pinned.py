@@ -12,11 +12,8 @@ import math
 import numpy as np
 import pytest
 from synthetic_problems import repeated_blocks
-from zoo import build
+from zoo_problems import zoo_problem
 
-from cost_models.hardware import load_profile
-from cost_models.mesh import candidate_meshes
-from planner.search.build import build_problem
 from planner.search.solve import evaluate, pinned
 from planner.search.solve.block_dp import Price
 from planner.search.solve.columns import PricedSolve
@@ -24,17 +21,13 @@ from planner.search.solve.decompose import decompose
 from planner.search.solve.evaluate import FastEvaluator
 from planner.search.solve.indexed import IndexedProblem, fold_fixed_edges, fold_shared_inputs
 from planner.search.solve.price_sweep import PriceSweep
-from planner.trace.tracer import capture
 
 NEOX_BUDGET = 2_500_000  # zoo HF GPT-NeoX on 2x2x2: 0.5861 ms by the piece swaps alone, 0.5694 ms with the pins
 
 
 @pytest.fixture(scope="module")
 def neox_problem():
-    ex = build("hf-gpt-neox")
-    graph = capture(ex.model, ex.example_inputs, name="hf-gpt-neox")
-    hw = load_profile("a100-80gb")
-    return build_problem(graph, candidate_meshes(8, 8)[-1], hw, 0, device=hw.device).problem
+    return zoo_problem("hf-gpt-neox")
 
 
 def _indexed(problem, budget: int) -> IndexedProblem:
