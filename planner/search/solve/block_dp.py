@@ -301,6 +301,16 @@ class BlockDP:
                                                            top.tolist(), time.tolist(), choice.tolist(), ok.tolist())
                 if good]
 
+    def priced(self, price: Price, points: list[FrontierPoint]) -> np.ndarray:
+        """The priced cost of each of these blocks under `price` (no cap or label restriction), as the sweeps
+        price them (`_prepare`): a·time + b·additive bytes, + c·the activations a checkpointed block recomputes.
+        A table's cost at (p, q) is the least of these over the blocks of that boundary."""
+        choice = np.array([pt.choice for pt in points], dtype=np.int64)
+        ckpt = np.array([pt.ckpt for pt in points])
+        saved = sum(self.shape.saved[v][choice[:, v]].astype(float) for v in range(self.n))
+        return (price.a * np.array([pt.time_s for pt in points])
+                + price.b * np.array([pt.add_bytes for pt in points], dtype=float) + np.where(ckpt, price.c * saved, 0.0))
+
     def measure(self, choice: np.ndarray, p: np.ndarray, ckpt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact (additive bytes, max-term bytes, time) of blocks with these node choices."""
         sh = self.shape

@@ -39,7 +39,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner.search.solve import piece_swaps, pinned
+from planner.search.solve import piece_swaps
 from planner.search.solve.block_dp import BlockTable, Price
 from planner.search.solve.decompose import Decomposition
 from planner.search.solve.driver import infeasible_or_fallback
@@ -163,8 +163,8 @@ class PricedSolve(PricedRuns):
         ILP of all blocks, answers were 1-5 % faster on a quarter of the tiny HF cases at tight budgets, for
         about twice the plan time."""
         levels = transient_levels(self.ip)
-        proved = [r for r in self.priced if np.isfinite(r.bound)]
-        start = max(proved, key=lambda r: r.bound).price if proved else Price(1.0, self.scale)
+        best = self.best_proved()
+        start = self.priced[best].price if best is not None else Price(1.0, self.scale)
         bound = lagrange_range_bound(self.sweep.minimum, self.ip, start,
                                      lambda: self._late(deadline))
         return banded_bound(levels[levels >= self.floor], bound, target * (1 - GAP_TOLERANCE), _BAND_RANGES)
@@ -214,11 +214,11 @@ class PricedSolve(PricedRuns):
             firsts = [closest] if closest is not None else []
             mixed = [(), *firsts]  # the other short searches only ranked the schemes: their columns stay out
         if any(r.peak <= ip.budget for r in self.priced):  # a bound only matters beside an answer
-            start_mu = max((r for r in self.priced if np.isfinite(r.bound)), key=lambda r: r.bound).price.b
+            start_mu = self.priced[self.best_proved()].price.b
             self._lift_bound(start_mu / 100, start_mu * 100, deadline, (1.0,))
             best = min(r.time_s for r in self.priced if r.peak <= ip.budget)
             if best - max(r.bound for r in self.priced) > _LIFT_GAP * best and self._raise_floor():
-                start_mu = max((r for r in self.priced if np.isfinite(r.bound)), key=lambda r: r.bound).price.b
+                start_mu = self.priced[self.best_proved()].price.b
                 self._lift_bound(start_mu / 100, start_mu * 100, deadline, (0.0, 0.5))
         sol = self._finish(start, deadline, solver, firsts, mixed)
         if lift:
@@ -259,9 +259,8 @@ class PricedSolve(PricedRuns):
         """`sol` (this search's answer), or a faster one that fits from the blocks one piece away from its own,
         then also from the minimisers of pinned prices (`pinned.pin_columns`: one node kept to one group of
         its options; `piece_swaps.improve`); its bound is `sol`'s."""
-        late = lambda: self._late(deadline)  # noqa: E731
-        found = piece_swaps.improve(self, sol, solver, deadline, lambda upper: _ilp_gap(upper, sol.bound), late,
-                                    lambda below: pinned.pin_columns(self, below, late))
+        found = piece_swaps.improve(self, sol, solver, deadline, lambda upper: _ilp_gap(upper, sol.bound),
+                                    lambda: self._late(deadline), pins=True)
         if found is None:
             return sol
         choice, ckpt, value, cut = found

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from planner.search.solve import pinned
 from planner.search.solve.block_dp import PORT
 from planner.search.solve.frontier import FrontierPoint, undominated
-from planner.search.solve.pinned import within_reach
 from planner.search.solve.priced_runs import PricedRuns, first_rows
 from planner.search.solve.problem import GAP_TOLERANCE, Solution
 from planner.search.solve.two_level import TwoLevel, usable_columns
@@ -37,13 +37,12 @@ _PIN_ROUNDS = 1  # ... and with the pinned minimisers' columns (a second round f
 
 
 def improve(runs: PricedRuns, sol: Solution, solver: str, deadline: float, rel_gap: Callable[[float], float],
-            late: Callable[[], bool], pin: Callable[[float], int] | None = None
-            ) -> tuple[list[int], list[int], float, bool] | None:
+            late: Callable[[], bool], pins: bool = False) -> tuple[list[int], list[int], float, bool] | None:
     """A faster assignment than `sol` (an answer of the search that made `runs`) that fits the budget, from
     the column ILP over every priced block and those one piece away from the answer's (`swap_columns`),
-    again from each faster answer, _SWAP_ROUNDS rounds at most; then, with `pin`, the same rounds again once
-    pin(limit) recorded pinned minimisers (`pinned.pin_columns`) that may beat `limit`, without the columns
-    no faster answer can use (`pinned.within_reach`). The second pass starts from the first's answer, so
+    again from each faster answer, _SWAP_ROUNDS rounds at most; then, with `pins`, the same rounds again once
+    `pinned.pin_columns` recorded pinned minimisers that may beat that answer, without the columns no faster
+    answer can use (`pinned.within_reach`). The second pass starts from the first's answer, so
     the pins never cost a plan the swaps found (with every column in one pass, a work-limited ILP of HF
     BERT on 4x4x4 stopped before the answer the swaps alone reach). Returns (choices, checkpointed blocks,
     time, whether an ILP stopped at a limit), or None. `rel_gap(upper)`: the gap at which an ILP may stop;
@@ -52,7 +51,7 @@ def improve(runs: PricedRuns, sol: Solution, solver: str, deadline: float, rel_g
     best = ([sol.choice[n] for n in ip.names], [ip.block_index(b) for b in sol.checkpointed], sol.objective)
     options = piece_options(runs)
     best, found, cut = _rounds(runs, runs._outer(None), options, best, solver, deadline, rel_gap, late, False)
-    if pin is not None and not late() and pin(best[2] * (1 - GAP_TOLERANCE)):
+    if pins and not late() and pinned.pin_columns(runs, best[2] * (1 - GAP_TOLERANCE), late):
         best, more, cut_more = _rounds(runs, runs._outer(None), options, best, solver, deadline, rel_gap, late, True,
                                        _PIN_ROUNDS)
         found, cut = found or more, cut or cut_more
@@ -74,7 +73,7 @@ def _rounds(runs: PricedRuns, outer: TwoLevel, options: list[Options], best: tup
             break
         cols = [undominated(a + b) for a, b in zip(cols, swap_columns(runs, options, best[0]))]
         outer = TwoLevel(ip, runs.dec)
-        kept = within_reach(runs, cols, best[2] * (1 - GAP_TOLERANCE)) if reach else cols
+        kept = pinned.within_reach(runs, cols, best[2] * (1 - GAP_TOLERANCE)) if reach else cols
         outer.points, outer.allowed = usable_columns(ip, runs.dec, kept, allowed, best[2]), allowed
         rnd = outer.outer("time", solver, deadline, best[2], rel_gap=rel_gap(best[2]), node_limit=_SWAP_NODES,
                           stall_nodes=_SWAP_STALL, work_limit=_SWAP_WORK)

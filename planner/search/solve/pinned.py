@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-import numpy as np
-
 from planner.search.solve.decompose import Decomposition
 from planner.search.solve.frontier import FrontierPoint
 from planner.search.solve.indexed import IndexedProblem
@@ -66,10 +64,10 @@ def pin_columns(runs: PricedRuns, below: float, late: Callable[[], bool]) -> int
     stops it. Keeping only the pins of the nodes with the largest byte spread (60 or 100 of 175) lost the
     GPT-NeoX optima above."""
     ip = runs.ip
-    proved = [r for r in runs.priced if np.isfinite(r.bound)]
-    if not proved or len(ip.block_nodes) > _PIN_BLOCKS:
+    best = runs.best_proved()
+    if best is None or len(ip.block_nodes) > _PIN_BLOCKS:
         return 0
-    base = max(proved, key=lambda r: r.bound).price
+    base = runs.priced[best].price
     bases = [base]
     m = len(ip.block_nodes)
     if ip.checkpointing and m:
@@ -104,25 +102,16 @@ def within_reach(runs: PricedRuns, points: list[list[FrontierPoint]], below: flo
     block's at (p, q) (put that block in its place: the rest of x is unchanged). So its time is at least the
     best bound plus that reduced cost, and a column whose reduced cost reaches `below` less the bound is in no
     faster answer."""
-    ip = runs.ip
-    proved = [i for i, r in enumerate(runs.priced) if np.isfinite(r.bound)]
-    if not proved:
+    i = runs.best_proved()
+    if i is None:
         return points
-    i = max(proved, key=lambda i: runs.priced[i].bound)
     price, tables = runs.tables[i]
-    slack = below - price_bound(runs.priced[i].value, price, runs.floor, ip)
+    slack = below - price_bound(runs.priced[i].value, price, runs.floor, runs.ip)
     out = []
-    for cls, pts in enumerate(points):
+    for dp, table, pts in zip(runs.dps, tables, points):
         if not pts:
             out.append(pts)
             continue
-        shape = runs.dps[cls].shape
-        choice = np.array([pt.choice for pt in pts], dtype=np.int64)
-        p, q = np.array([pt.p for pt in pts]), np.array([pt.q for pt in pts])
-        ckpt = np.array([pt.ckpt for pt in pts])
-        saved = sum(shape.saved[v][choice[:, v]].astype(float) for v in range(choice.shape[1]))
-        cost = (price.a * np.array([pt.time_s for pt in pts]) + price.b * np.array([pt.add_bytes for pt in pts], dtype=float)
-                + np.where(ckpt, price.c * saved, 0.0))
-        reduced = cost - tables[cls].cost[p, q]
+        reduced = dp.priced(price, pts) - table.cost[[pt.p for pt in pts], [pt.q for pt in pts]]
         out.append([pt for pt, keep in zip(pts, reduced < slack) if keep])
     return out

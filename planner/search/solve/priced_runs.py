@@ -99,6 +99,12 @@ class PricedRuns:
         self.priced.append(r)
         self.best_bound = max(self.best_bound, r.bound)
 
+    def best_proved(self) -> int | None:
+        """The index into `priced` (and `tables`) of the price whose minimum proved the best bound so far (the
+        first of equals), or None when none proved one: where the bound searches and the pins start."""
+        proved = [i for i, r in enumerate(self.priced) if np.isfinite(r.bound)]
+        return max(proved, key=lambda i: self.priced[i].bound) if proved else None
+
     def _bound(self, price: Price, value: float) -> float:
         """The lower bound a price's minimum proves (`planner.search.solve.columns`), when c <= b / M, M the number of
         blocks: the max term is at least `floor` (`PricedSolve._raise_floor`) and at least the mean over all blocks of
