@@ -16,7 +16,7 @@ import numpy as np
 
 from planner.search.solve.eliminate import Sweep, eliminate
 from planner.search.solve.evaluate import recompute_peak
-from planner.search.solve.frontier import BlockShape, FrontierPoint, plan_sweep
+from planner.search.solve.frontier import BlockShape, FrontierPoint, plan_sweep, undominated_rows
 
 __all__ = ["Price", "BlockDP", "BlockTable", "Pin", "allowed", "forbid"]
 
@@ -290,16 +290,21 @@ class BlockDP:
         return (np.tile(p, len(flags)), np.tile(q, len(flags)), np.concatenate(flags),
                 np.concatenate(choice) if choice else np.zeros((0, self.n), dtype=np.int64))
 
-    def make_points(self, p: np.ndarray, q: np.ndarray, ckpt: np.ndarray, choice: np.ndarray) -> list[FrontierPoint]:
-        """The frontier points of these blocks (`blocks`), in order, those of finite time only."""
+    def make_points(self, p: np.ndarray, q: np.ndarray, ckpt: np.ndarray, choice: np.ndarray,
+                    undominated: bool = False) -> list[FrontierPoint]:
+        """The frontier points of these blocks (`blocks`), in order, those of finite time only; with
+        `undominated`, only those `frontier.undominated` keeps, in its order (the others are never built)."""
         if len(p) == 0:
             return []
         add, top, time = self.measure(choice, p, ckpt)
-        ok = np.isfinite(time)
+        rows = np.flatnonzero(np.isfinite(time))
+        if undominated:
+            keys = np.column_stack([p[rows], q[rows], ckpt[rows]])
+            rows = rows[undominated_rows(keys, np.column_stack([add[rows], top[rows], time[rows]]))]
         return [FrontierPoint(pp, qq, c, a_, t_, s_, tuple(ch))  # tolist(): plain ints and floats, fast
-                for pp, qq, c, a_, t_, s_, ch, good in zip(p.tolist(), q.tolist(), ckpt.tolist(), add.tolist(),
-                                                           top.tolist(), time.tolist(), choice.tolist(), ok.tolist())
-                if good]
+                for pp, qq, c, a_, t_, s_, ch in zip(p[rows].tolist(), q[rows].tolist(), ckpt[rows].tolist(),
+                                                     add[rows].tolist(), top[rows].tolist(), time[rows].tolist(),
+                                                     choice[rows].tolist())]
 
     def priced(self, price: Price, points: list[FrontierPoint]) -> np.ndarray:
         """The priced cost of each of these blocks under `price` (no cap or label restriction), as the sweeps

@@ -135,5 +135,5 @@ def swap_columns(runs: PricedRuns, options: list[Options], choice: list[int]) ->
         q = u[:, 1 + dp.out] if dp.out is not None else np.zeros(len(u), dtype=np.int64)
         both = np.concatenate([u, u])
         flags = np.repeat([False, True], len(u))
-        out.append(undominated(dp.make_points(both[:, 0], np.concatenate([q, q]), flags, both[:, 1:])))
+        out.append(dp.make_points(both[:, 0], np.concatenate([q, q]), flags, both[:, 1:], undominated=True))
     return out

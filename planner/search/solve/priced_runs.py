@@ -17,7 +17,7 @@ import numpy as np
 from planner.search.solve.block_dp import BlockTable, Price, allowed
 from planner.search.solve.decompose import Decomposition
 from planner.search.solve.evaluate import FastEvaluator
-from planner.search.solve.frontier import FrontierPoint, undominated
+from planner.search.solve.frontier import FrontierPoint
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.price_sweep import PriceSweep
 from planner.search.solve.priced_bound import price_bound
@@ -62,6 +62,7 @@ class PricedRuns:
         self._levels: dict[tuple[str, ...], np.ndarray] = {}  # `_caps`'s transient levels per `only`
         self._evaluate = FastEvaluator(ip)  # the priced assignments' time and peak, as evaluate_indexed gives them
         self._block_rows: dict[tuple[tuple[int, ...], int], np.ndarray] = {}  # `_blocks` per (keep, class)
+        self._column_sets: dict[tuple[int, ...], list[list[FrontierPoint]]] = {}  # `_columns` per keep
 
     def evaluate(self, price: Price, record: bool = True) -> Priced:
         """The exact minimiser of a·time + b·additive bytes (+ c·recomputed bytes) under `price`; with
@@ -155,12 +156,14 @@ class PricedRuns:
         under each one's price), restricted to the boundary choices that one of them used (where the answer's
         blocks will join; a pinned price's, `planner.search.solve.pinned`, to the boundaries that start where
         one of its own blocks starts or end where one ends: there are hundreds of them), both plain and
-        checkpointed, without dominated ones."""
-        out: list[list[FrontierPoint]] = []
-        for cls, dp in enumerate(self.dps):
-            u = self._blocks(keep, cls)
-            out.append(undominated(dp.make_points(u[:, 0], u[:, 1], u[:, 2].astype(bool), u[:, 3:])))
-        return out
+        checkpointed, without dominated ones. Measured once per `keep` (the bound search and the piece swaps
+        ask for every price's again; fresh lists each time)."""
+        key = tuple(keep)
+        if key not in self._column_sets:
+            self._column_sets[key] = [
+                dp.make_points(u[:, 0], u[:, 1], u[:, 2].astype(bool), u[:, 3:], undominated=True)
+                for dp, u in ((dp, self._blocks(keep, cls)) for cls, dp in enumerate(self.dps))]
+        return [list(points) for points in self._column_sets[key]]
 
     def _blocks(self, keep: list[int], cls: int) -> np.ndarray:
         """Rows (p, q, checkpointed, node choices...) of the distinct blocks of class `cls` that `_columns`

@@ -9,7 +9,14 @@ from synthetic_problems import repeated_blocks
 
 from planner.search.solve import Block, Choice, NotDecomposable, Problem, ProblemEdge, ProblemNode, brute_force, solve
 from planner.search.solve.decompose import decompose
-from planner.search.solve.frontier import FrontierTooLarge, block_frontier, pareto_mask
+from planner.search.solve.frontier import (
+    FrontierPoint,
+    FrontierTooLarge,
+    block_frontier,
+    pareto_mask,
+    undominated,
+    undominated_rows,
+)
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.two_level import _trail
 
@@ -181,3 +188,24 @@ def test_too_wide_a_block_is_refused_with_a_clear_error_not_allocated() -> None:
         solve(problem, budget=20_000, method="two_level")
     sol = solve(problem, budget=20_000)
     assert sol.status in ("optimal", "feasible") and sol.peak_bytes <= 20_000
+
+
+def test_undominated_keeps_what_no_point_of_its_boundary_weakly_dominates() -> None:
+    """`undominated` (and `undominated_rows`, what column sets are built from) against the definition, on
+    points with many ties: per (p, q, checkpointed), the points no other one is at most in all three numbers
+    (of equal ones the first), groups in the order first seen, points in order."""
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        k = int(rng.integers(1, 120))
+        keys = rng.integers(0, 3, size=(k, 3))
+        keys[:, 2] %= 2
+        values = rng.integers(0, 4, size=(k, 3)).astype(float)
+        points = [FrontierPoint(int(p), int(q), bool(c), int(a), int(m), float(t), (i,))
+                  for i, ((p, q, c), (a, m, t)) in enumerate(zip(keys, values))]
+        want = []
+        for key in dict.fromkeys(map(tuple, keys.tolist())):
+            mine = [i for i in range(k) if tuple(keys[i].tolist()) == key]
+            want += [i for i in mine if not any(
+                np.all(values[j] <= values[i]) and (np.any(values[j] < values[i]) or j < i) for j in mine if j != i)]
+        assert undominated_rows(keys, values).tolist() == want
+        assert [pt.choice[0] for pt in undominated(points)] == want
