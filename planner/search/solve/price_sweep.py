@@ -15,7 +15,7 @@ import numpy as np
 
 from planner.search.solve.block_dp import BlockDP, BlockTable, Pin, Price, allowed, forbid
 from planner.search.solve.decompose import Decomposition
-from planner.search.solve.eliminate import eliminate
+from planner.search.solve.eliminate import at_argmin, eliminate
 from planner.search.solve.frontier import topological_order
 from planner.search.solve.indexed import IndexedProblem
 
@@ -135,7 +135,7 @@ class PriceSweep:
             for _ in range(len(seg.blocks) - 1):  # min-plus powers, with the argmin of each join
                 both = steps[-1][0][:, :, None, :] + into[:, None, :, :]  # [p, q, x]
                 arg = np.argmin(both, axis=3)
-                steps.append((np.take_along_axis(both, arg[..., None], axis=3)[..., 0], arg))
+                steps.append((at_argmin(both, arg), arg))
             powers.append(steps)
             node = _seg_node(k, seg.out)
             sizes[node] = cost.shape[2]
