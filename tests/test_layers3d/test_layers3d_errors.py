@@ -197,3 +197,19 @@ def test_meta_models_are_initialised_shard_by_shard() -> None:
     assert float(by_block[0].std()) == pytest.approx(0.02, rel=0.3)   # default init: N(0, 0.02)
     assert torch.equal(res[0]["ln"][1]["weight"], torch.ones(16)) and torch.equal(res[0]["lin3d"][1]["bias"],
                                                                                   torch.zeros(24))
+
+
+def test_rendezvous_ports_are_distinct_free_and_outside_the_ephemeral_range() -> None:
+    """The harness's and the launch tests' store ports (`tests/ports.py`): none handed out twice in a round
+    through this worker's slice, each one free when handed out, none where the kernel picks ports for
+    bind(0) and outgoing connections (the race behind a hung guard test)."""
+    import socket
+
+    from ports import free_port
+
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(20_000 <= p < 32_000 for p in ports)
+    for p in ports[:5]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))

@@ -5,7 +5,6 @@ mismatched collective (issue: rank 3 of 4 with an fsdp plan hung every rank unti
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import torch
 from distributed import run_ranks
 from paths import ROOT as REPO_ROOT
+from ports import free_port
 
 from planner.api import plan
 from planner.apply.agree import RankMismatchError, agree
@@ -95,9 +95,7 @@ def test_planner_verify_with_a_different_plan_on_rank_3_ends_on_every_rank(tmp_p
     for name, p in two_plans.items():
         paths[name] = tmp_path / f"{name}.json"
         p.save(paths[name])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for r in range(4):
         env = {**os.environ, "PYTHONPATH": ROOT, "RANK": str(r), "WORLD_SIZE": "4", "LOCAL_RANK": str(r),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from paths import ROOT as REPO_ROOT
+from ports import free_port
 
 import planner.plans.format as plan_format
 from cost_models.hardware import BUILTIN_PROFILES, ProfileError, load_profile
@@ -307,20 +308,12 @@ def test_verify_refuses_an_edited_plan_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "m.py").write_text("from planner.models.mlp import build_mlp\n\n\n"
                                    "def model():\n    return build_mlp(n_classes=5)\n")
     env = {**os.environ, "PYTHONPATH": ROOT, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "planner", "verify", f"{tmp_path / 'm.py'}:model", str(path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "rank 0: error: PlanError: assignments[" in done.stderr
     assert "has 3 dims but the tensor has shape (32, 64)" in done.stderr and "Traceback" not in done.stderr
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- ops without a strategy, solver time limits ------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 from apply_plans import uniform_plan
 from paths import ROOT as REPO_ROOT
+from ports import free_port
 
 from planner.models.gpt import build_gpt
 from planner.trace.tracer import capture
@@ -55,17 +55,11 @@ def plan4(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Ranks:
     """WORLD `python -m planner verify` processes, each writing stdout and stderr to its own file."""
 
     def __init__(self, tmp: Path, args: list[str], fail_rank: int | None = None) -> None:
-        port = _port()
+        port = free_port()
         self.logs = [tmp / f"rank{r}.log" for r in range(WORLD)]
         self.procs: list[subprocess.Popen] = []
         for r in range(WORLD):

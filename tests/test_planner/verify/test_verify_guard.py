@@ -5,7 +5,6 @@ normal finish is exercised by the verify command's own tests."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from paths import ROOT as REPO_ROOT
+from ports import free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -52,16 +52,10 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(tmp_path: Path, mode: str, world: int = 3) -> tuple[list[int], list[str], float]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = _port()
+    port = free_port()
     procs = []
     start = time.monotonic()
     for r in range(world):
@@ -157,7 +151,7 @@ def test_a_users_training_script_gets_deadlines_with_planner_distributed(tmp_pat
     when one rank leaves the collective program, naming the collective and the rank that is not in it."""
     script = tmp_path / "train.py"
     script.write_text(USER_SCRIPT)
-    port = _port()
+    port = free_port()
     procs = []
     for r in range(4):
         env = {**os.environ, "PYTHONPATH": ROOT, "RANK": str(r), "WORLD_SIZE": "4", "LOCAL_RANK": str(r),
