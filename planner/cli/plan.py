@@ -39,6 +39,10 @@ PLANNING_ARGS = (
         help="wall-clock limit per solve (default: none; every solver limit is counted in work, so the same "
              "command gives the same plan on a busy machine; with a limit the plan may differ and says so)"),
     arg("--solver", choices=("highs", "cbc"), help="MILP solver (default: highs)"),
+    arg("--prove", action="store_true",
+        help="where the plan is not proven optimal, search for the optimum with the exact flat ILP over the "
+             "options that can beat it (models of at most four repeated blocks; tens of seconds instead of "
+             "seconds): the solver status says optimal where that proves it"),
     arg("--inputs", choices=("full", "sharded"),
         help="how the trained model is called: full (default; every rank passes the whole batch and gets whole "
              "outputs, e.g. logits gathered on every rank) or sharded (each rank its block of the batch, as a "
@@ -82,6 +86,8 @@ def planning_options(args: argparse.Namespace) -> dict[str, Any]:
         options["time_limit"] = args.time_limit
     if args.solver:
         options["solver"] = args.solver
+    if args.prove:
+        options["prove"] = True
     if args.inputs:
         options["inputs"] = args.inputs
     if args.optimizer:

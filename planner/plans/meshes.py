@@ -124,10 +124,11 @@ class _PlanAccount:
 
 def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
               budget: int, *, solver: str, time_limit: float | None = None,
-              beaten: Callable[[float], bool] | None = None, loosen: int = 0) -> MeshResult:
+              beaten: Callable[[float], bool] | None = None, loosen: int = 0, prove: bool = False) -> MeshResult:
     """Build, solve and assemble one mesh (see the module docstring); `beaten`: `Incumbent.beaten` of the
     meshes planned beside this one (None: plan this mesh to the end); `loosen`: bytes the formulas are
-    known to count beyond the plan's accounting here (`solve`'s, for the first solve; `use_room`)."""
+    known to count beyond the plan's accounting here (`solve`'s, for the first solve; `use_room`); `prove`:
+    `solve`'s (the exact flat ILP over the options that can beat an unproven answer)."""
     try:
         built = build(mesh)
     except SchemeUnavailable as e:
@@ -135,7 +136,7 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
     account = _PlanAccount(built, assemble)
 
     def fit(cap: int, loosen: int = 0) -> Solution:
-        return account.solve(cap, solver=solver, time_limit=time_limit, loosen=loosen, beaten=beaten)
+        return account.solve(cap, solver=solver, time_limit=time_limit, loosen=loosen, beaten=beaten, prove=prove)
 
     # Model states count whatever the assignment: a budget below their least sum (planning at 1 byte to
     # learn the smallest budget) goes straight to the least-memory search instead of a solve that only
@@ -211,7 +212,8 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
     return MeshResult(mesh, least=smallest)
 
 
-def use_room(best: MeshResult, budget: int, job: Callable[[Mesh, int], MeshResult]) -> MeshResult:
+def use_room(best: MeshResult, budget: int, job: Callable[[Mesh, int], MeshResult], proven_too: bool = False
+             ) -> MeshResult:
     """The best mesh's plan, or a faster one on that mesh where the solver's formulas count more than the
     plan's accounting for its answer by over _ROOM of the budget (a checkpointed block's recompute peak is
     an upper bound: its nodes hold several ops, each counted with the whole node's activations):
@@ -220,11 +222,13 @@ def use_room(best: MeshResult, budget: int, job: Callable[[Mesh, int], MeshResul
     where its answer is not proven within _ROOM_GAP of the formulas' optimum (the solve costs as much as
     the first: LLaMA-3-8B on 64 ranks at 40 GiB, gap 0.15 %, 5.7 -> 13.5 s for a 0.8 % faster plan; HF
     LLaMA, 8 ranks, at 2x its smallest budget, gap 40 %: the formulas counted 7.8 % of the budget more, and
-    the plan comes out 24 % faster)."""
+    the plan comes out 24 % faster). With `proven_too` (`plan(prove=True)`, where answers are proven optimal
+    for the formulas) also where it is proven: the loosened solve is what finds the faster plan the
+    accounting allows."""
     if best.plan is None or best.peak is None:
         return best
     gap = best.plan.solver.gap
-    if gap is not None and gap <= _ROOM_GAP:  # proven within 1 % of the formulas' optimum: left as it is
+    if gap is not None and gap <= _ROOM_GAP and not proven_too:  # proven within 1 % of the formulas' optimum
         return best
     room = best.peak - best.plan.predicted.bound_bytes
     if room <= _ROOM * budget:

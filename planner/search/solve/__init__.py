@@ -18,6 +18,8 @@ import math
 import time
 from collections.abc import Callable
 
+from planner.search.solve import fixing
+from planner.search.solve.block_dp import Price
 from planner.search.solve.brute_force import brute_force
 from planner.search.solve.columns import GAP_TOLERANCE, LEAST_MODES, PricedSolve
 from planner.search.solve.decompose import Decomposition, NotDecomposable, decompose
@@ -94,7 +96,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
           method: str = "auto", progress: bool = False, account: Callable[[Solution], int] | None = None,
           loosen: int = 0, beaten: Callable[[float], bool] | None = None, memo: SolveMemo | None = None,
           step_problem: Problem | None = None, step_binds: Callable[[Solution], bool] | None = None,
-          step_memo: SolveMemo | None = None, least: str | None = None) -> Solution:
+          step_memo: SolveMemo | None = None, least: str | None = None, prove: bool = False) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
@@ -171,13 +173,13 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         memo = SolveMemo(problem)
     shrink = -int(loosen)
     proven = -math.inf  # the best lower bound of the rounds so far (they hold for every tighter budget)
-    lift: Callable[[Solution], Solution | None] | None = None
+    lift: Callable[..., Solution | None] | None = None
     restricted = False  # solving step_problem: its bounds are not the true problem's
     for _ in range(FIT_ROUNDS):
         if beaten is not None and beaten(proven):
             return Solution.beaten_by_elsewhere(proven, time.perf_counter() - start)
         sol, lift = _solve_at(problem, budget - shrink, name, deadline, method, progress, memo, beaten,
-                              least=least or ("always" if account is None else "unproven"))
+                              least=least or ("always" if account is None else "unproven"), prove=prove)
         if sol.status == "beaten":
             lift = None
             break
@@ -217,7 +219,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         if lift is not None:
             # the flat ILP's answer from the priced one, where that is small (method "auto"), is kept where
             # the account fits it too: once per solve, for its answer, not for every round's
-            better = lift(sol)
+            better = lift(sol, lambda s: measure(s) <= budget)
             if better is not None and better is not sol and measure(better) <= budget:
                 sol = better
         if restricted:
@@ -256,8 +258,8 @@ def _unfit(problem: Problem, budget: int, shrink: int, account: Callable[[Soluti
 
 
 def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method: str, progress: bool,
-              memo: SolveMemo, beaten: Callable[[float], bool] | None = None, least: str = "always"
-              ) -> tuple[Solution, Callable[[Solution], Solution | None] | None]:
+              memo: SolveMemo, beaten: Callable[[float], bool] | None = None, least: str = "always",
+              prove: bool = False) -> tuple[Solution, Callable[..., Solution | None] | None]:
     """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
     and for a priced answer what is left for the answer `solve` keeps: the bound search (`PricedSolve.lift`)
     and, with method "auto", the flat ILP from it where that is small, then the pins and piece swaps (`_refine`).
@@ -277,7 +279,8 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
             try:
                 search = PricedSolve(ip, dec or decompose(ip), beaten, memo)
                 sol = search.solve(name, deadline, lift=False, least=least)
-                lift = functools.partial(_refine, search, ip, exact, name, deadline, beaten, method == "auto")
+                lift = functools.partial(_refine, search, ip, exact, name, deadline, beaten, method == "auto",
+                                         prove)
             except NotDecomposable as err:
                 if method == "priced":
                     raise
@@ -305,17 +308,38 @@ def _as_given(exact: IndexedProblem, sol: Solution) -> Solution:
 
 
 def _refine(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name: str, deadline: float,
-            beaten: Callable[[float], bool] | None, small: bool, sol: Solution) -> Solution:
+            beaten: Callable[[float], bool] | None, small: bool, prove: bool, sol: Solution,
+            fits: Callable[[Solution], bool] = lambda s: True) -> Solution:
     """For the answer `solve` keeps of a priced round (once per solve, not for every round's): its bound lifted
     (`PricedSolve.lift`); with `small` (method "auto"), the flat ILP's answer from it where that ILP is small
     (`_exact_if_small`); then, where the answer is still not proven within EXACT_GAP, a faster one from the
-    pinned prices' columns and the blocks one piece away (`PricedSolve.improve`). Its figures are those of the
-    problem as given (`exact`). Neither where an answer found elsewhere beats its bound."""
+    pinned prices' columns and the blocks one piece away (`PricedSolve.improve`); with `prove`, where it is
+    still not proven optimal, the flat ILP over the options that can beat it (`fixing.prove`), whose answer is
+    kept where it `fits` (the caller's account; otherwise only the bound it proves). Its figures are those of
+    the problem as given (`exact`). None of them where an answer found elsewhere beats its bound."""
     search.lift(sol, deadline)
     out = _exact_if_small(ip, sol, name, deadline, beaten) if small else sol
     if _worth_refining(out, beaten):
         out = search.improve(out, name, deadline)
+    if prove and out.status == "feasible" and out.choice and not (beaten is not None and beaten(out.bound)):
+        proved = fixing.prove(ip, out, _fixing_ranges(search, out.objective), name, deadline)
+        if proved is not None and fits(_as_given(exact, proved)):
+            return proved
+        if proved is not None:  # its answer does not fit the account: the bound it proves still holds
+            out.raise_bound(proved.bound, GAP_TOLERANCE)
+            out.message = "; ".join(m for m in (out.message, "lower bound from the flat ILP over the options that can "
+                                                "beat it, whose answer the plan's accounting does not fit") if m)
     return sol if out is sol else _as_given(exact, out)
+
+
+def _fixing_ranges(search: PricedSolve, target: float) -> list[tuple[float, Price]]:
+    """The ranges of max-term levels `fixing.prove` prices options in, as (floor level, price): those of the
+    answer's bound search (`PricedSolve.ranges`) that may hold an assignment faster than `target`, or where
+    it did not run, every level from the floor up under the price that proved the best bound."""
+    if search.ranges is not None:
+        return [(floor, price) for own, floor, price in search.ranges if not own >= target]
+    best = search.best_proved()
+    return [(search.floor, search.priced[best].price if best is not None else Price(1.0, search.scale))]
 
 
 def _worth_refining(sol: Solution, beaten: Callable[[float], bool] | None) -> bool:

@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,7 @@ from planner.search.solve.priced_bound import (
     golden_max,
     lagrange_range_bound,
     max_term_floor,
+    range_price,
     transient_levels,
 )
 from planner.search.solve.priced_runs import Priced, PricedRuns
@@ -118,6 +120,8 @@ class PricedSolve(PricedRuns):
         self.least_runs: list[int] = []  # indices into `priced` (and `tables`) of `_least_columns`'s prices
         self._floors: dict[float, float | None] = {}  # `_floor_search` per floor it started from
         self.stopped = False  # the user's time limit cut the search or an ILP short
+        # `_banded`'s last ranges of max-term levels: (own bound, floor level, price); fixing prices options in each
+        self.ranges: list[tuple[float, float, Price]] | None = None
 
     def _late(self, deadline: float) -> bool:
         """Whether to stop searching: the user's time limit (a time.perf_counter() value; inf: none) has
@@ -167,7 +171,11 @@ class PricedSolve(PricedRuns):
         start = self.priced[best].price if best is not None else Price(1.0, self.scale)
         bound = lagrange_range_bound(self.sweep.minimum, self.ip, start,
                                      lambda: self._late(deadline))
-        return banded_bound(levels[levels >= self.floor], bound, target * (1 - GAP_TOLERANCE), _BAND_RANGES)
+        ranges: list[tuple[float, float, float, Any]] = []
+        out = banded_bound(levels[levels >= self.floor], bound, target * (1 - GAP_TOLERANCE), _BAND_RANGES,
+                           ranges=ranges)
+        self.ranges = [(own, floor, range_price(self.ip, cap, hint)) for own, floor, cap, hint in ranges]
+        return out
 
     # --- the search -------------------------------------------------------------------------------
     def solve(self, solver: str, deadline: float, lift: bool = True, least: str = "always") -> Solution:

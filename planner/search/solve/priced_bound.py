@@ -37,7 +37,8 @@ import numpy as np
 from planner.search.solve.block_dp import Price
 from planner.search.solve.indexed import IndexedProblem
 
-__all__ = ["banded_bound", "golden_max", "lagrange_range_bound", "max_term_floor", "price_bound", "transient_levels"]
+__all__ = ["banded_bound", "golden_max", "lagrange_range_bound", "max_term_floor", "price_bound", "range_price",
+           "transient_levels"]
 
 _RANGE_STEPS = 5  # prices per golden-section search of one range's bound: over log(mu), then over f ...
 _RANGE_SPAN = float(np.log(30.0))  # ... log(mu) within 30 times the enclosing range's best price either way
@@ -107,7 +108,8 @@ def golden_max(value: Callable[[float], float], lo: float, hi: float, steps: int
 
 
 def banded_bound(levels: np.ndarray, range_bound: Callable[[float, float, Any], tuple[float, Any]],
-                 target: float, most: int, stall: int = 3) -> float:
+                 target: float, most: int, stall: int = 3, ranges: list[tuple[float, float, float, Any]] | None = None
+                 ) -> float:
     """A lower bound on the optimum: the least range bound over ranges of `levels` that cover them all
     (module docstring). range_bound(cap, floor, hint) -> (bound, hint) must give a valid bound for the
     fitting assignments whose level lies in [floor, cap] (both levels; inf where none fits); `hint` is
@@ -116,15 +118,17 @@ def banded_bound(levels: np.ndarray, range_bound: Callable[[float, float, Any], 
     best answer known: then the answer is proven), the lowest is a single level, `most` calls are spent
     (a count, not seconds), or `stall` halvings in a row left the lowest bound where it was (where the
     max term does not bind, no range lifts it). A part's bound is at least its whole's (a subset), so it
-    keeps the larger."""
+    keeps the larger. `ranges`, where given, receives the ranges it ended with, each as (its own range bound,
+    floor level, cap level, hint): they cover every level, so a fitting assignment lies in one of them
+    (`planner.search.solve.fixing` prices each option in each)."""
     values = np.unique(np.asarray(levels, dtype=float))
     if not len(values):
         return -np.inf
     low, hint = range_bound(values[-1], values[0], None)
-    heap: list[tuple[float, int, int, int, Any]] = [(low, 0, len(values) - 1, 0, hint)]
+    heap: list[tuple[float, int, int, int, Any, float]] = [(low, 0, len(values) - 1, 0, hint, low)]
     calls, flat = 1, 0
     while calls + 2 <= most and flat < stall:
-        low, i, k, _, hint = heap[0]
+        low, i, k, _, hint, _ = heap[0]
         if low >= target or i == k:
             break
         heapq.heappop(heap)
@@ -132,8 +136,10 @@ def banded_bound(levels: np.ndarray, range_bound: Callable[[float, float, Any], 
         for a, b in ((i, mid), (mid + 1, k)):
             value, part = range_bound(values[b], values[a], hint)
             calls += 1
-            heapq.heappush(heap, (max(low, value), a, b, calls, part))  # calls: ties never compare hints
+            heapq.heappush(heap, (max(low, value), a, b, calls, part, value))  # calls: ties never compare hints
         flat = flat + 1 if heap[0][0] <= low + 1e-9 * abs(low) else 0
+    if ranges is not None:
+        ranges.extend((own, float(values[i]), float(values[k]), hint) for _, i, k, _, hint, own in sorted(heap))
     return float(heap[0][0])
 
 
@@ -174,3 +180,10 @@ def lagrange_range_bound(minimum: Callable[[Price], float], ip: IndexedProblem, 
         return seen[best], best
 
     return range_bound
+
+
+def range_price(ip: IndexedProblem, cap: float, hint: tuple[float, float]) -> Price:
+    """The price a `lagrange_range_bound` hint (log of the byte price, fraction f of it per recomputed byte
+    over M blocks) stands for, under the range's cap."""
+    mu = float(np.exp(hint[0]))
+    return Price(1.0, mu, hint[1] * mu / max(len(ip.block_nodes), 1), cap=cap)
