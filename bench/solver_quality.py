@@ -3,6 +3,7 @@
     python bench/solver_quality.py                                   # every model, 8 and 64 ranks
     python bench/solver_quality.py --model hf-mistral --ranks 8 --flat-cap 600
     python bench/solver_quality.py --llama                           # LLaMA-3-8B shape on 64 ranks
+    python bench/solver_quality.py --prove --model hf-llama --ranks 8  # each plan, then with prove=True
 
 Per model and world size: the smallest budget the planner reports (planning at 1 byte, timed: the
 smallest-budget search), then five budgets from it to 4x it. Per budget: `plan()` seconds (capture
@@ -11,8 +12,10 @@ the priced/auto solve's objective next to the exact flat ILP's (without its work
 auto answer, given `--flat-cap` seconds; "-" when it did not prove its optimum in time). Models: the built-in examples and tiny HF configs
 (`bench/hf_tiny.py`: Llama, Mistral, Qwen2, GPT-NeoX, OPT, BERT; 2 layers, hidden 64, vocab 512, batch
 8 x 32). `--llama`: LLaMA-3-8B on the meta device (bf16, batch 64 x 2048) on 64 ranks at 20/40/80 GiB (default hardware and bytes per parameter, inputs="sharded"),
-capture and plan timed apart, then `plan(model, ...)` end to end with the default worker processes. Timings depend on the machine's load; plans and gaps do not (every solver
-limit is counted in work).
+capture and plan timed apart, then `plan(model, ...)` end to end with the default worker processes. `--prove`:
+per budget, the plan and the plan with `prove=True` side by side (the exact flat ILP over the options that can
+beat the answer, `planner.search.solve.fixing`), CPU seconds in one process. Timings depend on the machine's
+load; plans and gaps do not (every solver limit is counted in work).
 """
 
 from __future__ import annotations
@@ -110,6 +113,25 @@ def quality(names: list[str], ranks: list[int], flat_cap: float) -> None:
                       f"{'-' if auto is None else f'{auto * 1e3:.4f} ms'} | {ref} |", flush=True)
 
 
+def proving(names: list[str], ranks: list[int]) -> None:
+    print("| model | ranks | budget | plan: s cpu, step, status, gap | prove=True: s cpu, step, status, gap |")
+    print("|---|---:|---:|---|---|")
+    for name in names:
+        graph = bench_graph(name)
+        for world in ranks:
+            need = _smallest(graph, world)[0]
+            for f in FACTORS if need is not None else ():
+                budget = int(math.ceil(need * f))
+                cells = []
+                for prove in (False, True):
+                    p, _, cpu = _timed(plan, graph, budget, world_size=world, hardware=HARDWARE, workers=WORKERS,
+                                       prove=prove)
+                    cells.append("infeasible" if isinstance(p, InfeasibleError) else
+                                 f"{cpu:.1f} s, {p.predicted.step_time_s * 1e3:.4f} ms, {p.solver.status}, "
+                                 f"{'-' if p.solver.gap is None else f'{p.solver.gap:.2%}'}")
+                print(f"| {name} | {world} | {f:g}x {format_bytes(budget)} | {cells[0]} | {cells[1]} |", flush=True)
+
+
 def llama(budgets: list[str]) -> None:
     print("| LLaMA-3-8B, 64 ranks | capture s wall / cpu | plan s wall / cpu | status | gap | step ms "
           "| `plan(model)` s wall, default workers |")
@@ -134,9 +156,13 @@ def main() -> None:
     ap.add_argument("--flat-cap", type=float, default=600.0, help="seconds for the flat ILP reference (0: skip)")
     ap.add_argument("--llama", action="store_true", help="the LLaMA-3-8B shape on 64 ranks instead")
     ap.add_argument("--llama-budgets", default="20GiB,40GiB,80GiB")
+    ap.add_argument("--prove", action="store_true", help="each plan beside the plan with prove=True")
     args = ap.parse_args()
     if args.llama:
         llama(args.llama_budgets.split(","))
+        return
+    if args.prove:
+        proving(args.model or BUILTIN + list(HF_TINY), args.ranks or [8, 64])
         return
     quality(args.model or BUILTIN + list(HF_TINY), args.ranks or [8, 64], args.flat_cap)
 
