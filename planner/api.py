@@ -211,7 +211,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     if best is not None:
         best = use_room(best, budget_bytes, lambda m, room: plan_mesh(m, build, assemble, budget_bytes, solver=solver,
                                                                      time_limit=time_limit, loosen=room, prove=prove),
-                        proven_too=prove)
+                        proven_too=prove, blocks=len(graph.blocks))
     leasts = [r.least for r in results if r.least is not None]
     min_budget = min(leasts) if leasts else None
     errors = [f"mesh {r.mesh}: {r.error}" for r in results if r.error]
