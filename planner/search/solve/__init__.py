@@ -338,8 +338,7 @@ def _fixing_ranges(search: PricedSolve, target: float) -> list[tuple[float, Pric
     it did not run, every level from the floor up under the price that proved the best bound."""
     if search.ranges is not None:
         return [(floor, price) for own, floor, price in search.ranges if not own >= target]
-    best = search.best_proved()
-    return [(search.floor, search.priced[best].price if best is not None else Price(1.0, search.scale))]
+    return [(search.floor, search.bound_price())]
 
 
 def _worth_refining(sol: Solution, beaten: Callable[[float], bool] | None) -> bool:

@@ -167,15 +167,19 @@ class PricedSolve(PricedRuns):
         ILP of all blocks, answers were 1-5 % faster on a quarter of the tiny HF cases at tight budgets, for
         about twice the plan time."""
         levels = transient_levels(self.ip)
-        best = self.best_proved()
-        start = self.priced[best].price if best is not None else Price(1.0, self.scale)
-        bound = lagrange_range_bound(self.sweep.minimum, self.ip, start,
+        bound = lagrange_range_bound(self.sweep.minimum, self.ip, self.bound_price(),
                                      lambda: self._late(deadline))
         ranges: list[tuple[float, float, float, Any]] = []
         out = banded_bound(levels[levels >= self.floor], bound, target * (1 - GAP_TOLERANCE), _BAND_RANGES,
                            ranges=ranges)
         self.ranges = [(own, floor, range_price(self.ip, cap, hint)) for own, floor, cap, hint in ranges]
         return out
+
+    def bound_price(self) -> Price:
+        """The price that proved the best bound so far (`best_proved`), or one byte priced at the time a
+        budget byte is worth where none did: where the bound searches and reduced-cost fixing start."""
+        best = self.best_proved()
+        return self.priced[best].price if best is not None else Price(1.0, self.scale)
 
     # --- the search -------------------------------------------------------------------------------
     def solve(self, solver: str, deadline: float, lift: bool = True, least: str = "always") -> Solution:

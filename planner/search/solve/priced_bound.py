@@ -167,8 +167,7 @@ def lagrange_range_bound(minimum: Callable[[Price], float], ip: IndexedProblem, 
         seen: dict[tuple[float, float], float] = {}
 
         def value(x: float, g: float) -> float:
-            mu = float(np.exp(x))
-            price = Price(1.0, mu, g * mu / m, cap=cap)
+            price = range_price(ip, cap, (x, g))
             seen[x, g] = price_bound(minimum(price), price, floor, ip)
             return seen[x, g]
 
