@@ -29,6 +29,7 @@ from planner.search.solve.block_dp import Price
 from planner.search.solve.driver import solve_built
 from planner.search.solve.eliminate import eliminate
 from planner.search.solve.evaluate import evaluate_indexed
+from planner.search.solve.flat_start import priced_costs
 from planner.search.solve.frontier import topological_order
 from planner.search.solve.ilp import build_flat
 from planner.search.solve.indexed import IndexedEdge, IndexedProblem
@@ -49,7 +50,7 @@ def option_bounds(ip: IndexedProblem, ranges: list[tuple[float, Price]]) -> list
     sets = [frozenset(c) for k in range(m + 1) for c in itertools.combinations(range(m), k)] \
         if ip.checkpointing else [frozenset()]
     combos = [(floor, price, ckpt) for floor, price in ranges for ckpt in sets]
-    unary, incoming = _priced_costs(ip, combos)
+    unary, incoming = priced_costs(ip, combos)
     order = topological_order(ip.n, [(e.src, e.dst) for e in ip.edges]) or list(range(ip.n))
     sizes = dict(enumerate(ip.sizes))
     # what price_bound adds to a priced minimum, per combination: (b - c·M)·floor - b·budget
@@ -60,39 +61,6 @@ def option_bounds(ip: IndexedProblem, ranges: list[tuple[float, Price]]) -> list
         table = eliminate(order, sizes, unary, incoming, keep=[v], memo=memo, batch=len(combos)).value
         out.append((table + shift).min(axis=0))
     return out
-
-
-def _priced_costs(ip: IndexedProblem, combos: list[tuple[float, Price, frozenset[int]]]
-                  ) -> tuple[dict[int, np.ndarray], dict[int, list[tuple[int, np.ndarray]]]]:
-    """The priced sum's unary and pairwise costs of the whole problem under each (floor, price, checkpointed
-    blocks) of `combos`, stacked on a leading axis (as the priced sweeps price a block: `block_dp`): a·time +
-    b·(state + saved, or a checkpointed block's input) + for a checkpointed block's nodes a·recompute +
-    c·saved; choices whose transient is above the price's cap are forbidden."""
-    a = np.array([p.a for _, p, _ in combos])[:, None]
-    b = np.array([p.b for _, p, _ in combos])[:, None]
-    c = np.array([p.c for _, p, _ in combos])[:, None]
-    cap = np.array([p.cap for _, p, _ in combos])[:, None]
-    inside = np.array([[ip.block_of[v] in ckpt for v in range(ip.n)] for _, _, ckpt in combos])  # (K, n)
-    unary = {}
-    for v in range(ip.n):
-        kept = inside[:, v:v + 1]
-        w = (a * (ip.time[v] + np.where(kept, ip.recompute[v], 0.0)) + b * ip.state[v]
-             + np.where(kept, c * ip.saved[v], b * ip.saved[v]))
-        unary[v] = np.where(ip.transient[v] <= cap, w, np.inf)
-    for blk, src in enumerate(ip.block_input):
-        if src is not None:  # a checkpointed block keeps its input
-            held = np.array([blk in ckpt for _, _, ckpt in combos])[:, None]
-            unary[src] = unary[src] + np.where(held, b * ip.input_bytes[blk], 0.0)
-    incoming: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in range(ip.n)}
-    for e in ip.edges:
-        kept = inside[:, e.dst][:, None, None]
-        mat = a[:, :, None] * (e.cost + np.where(kept, e.recompute, 0.0))
-        if e.saved is not None:
-            mat = mat + b[:, :, None] * e.saved
-        if e.transient is not None:
-            mat = np.where(e.transient <= cap[:, :, None], mat, np.inf)
-        incoming[e.dst].append((e.src, mat))
-    return unary, incoming
 
 
 def restrict(ip: IndexedProblem, keep: list[np.ndarray]) -> IndexedProblem:

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.search.solve.block_dp import Price
 from planner.search.solve.eliminate import eliminate
 from planner.search.solve.evaluate import FastEvaluator
 from planner.search.solve.frontier import topological_order
 from planner.search.solve.indexed import IndexedProblem
 
-__all__ = ["Start", "Starts", "priced_starts"]
+__all__ = ["Start", "Starts", "priced_costs", "priced_starts"]
 
 _STEPS = 8  # bisection steps on log(mu) per search
 _CAPS = 4  # transient caps tried below the answer's largest transient
@@ -52,6 +53,41 @@ class Starts:
     least: Start | None
 
 
+def priced_costs(ip: IndexedProblem, combos: list[tuple[float, Price, frozenset[int]]]
+                 ) -> tuple[dict[int, np.ndarray], dict[int, list[tuple[int, np.ndarray]]]]:
+    """The priced sum's unary and pairwise costs over the whole problem under each (floor, price, checkpointed
+    blocks) of `combos` (the floor is only carried), stacked on a leading axis, as the priced sweeps price a
+    block (`block_dp`): a·time + b·(state + saved, or a checkpointed block's input) + for a checkpointed
+    block's nodes a·recompute + c·saved; choices whose transient is above the price's cap are forbidden. The
+    minimisers here (c = 0) and reduced-cost fixing (`fixing.option_bounds`) sweep them."""
+    a = np.array([p.a for _, p, _ in combos])[:, None]
+    b = np.array([p.b for _, p, _ in combos])[:, None]
+    c = np.array([p.c for _, p, _ in combos])[:, None]
+    cap = np.array([p.cap for _, p, _ in combos])[:, None]
+    inside = np.array([[ip.block_of[v] in ckpt for v in range(ip.n)] for _, _, ckpt in combos])  # (K, n)
+    unary = {}
+    for v in range(ip.n):
+        kept = inside[:, v:v + 1]
+        w = (a * (ip.time[v] + np.where(kept, ip.recompute[v], 0.0))
+             + b * (ip.state[v] + np.where(kept, 0, ip.saved[v])).astype(float)
+             + np.where(kept, c * ip.saved[v], 0.0))
+        unary[v] = np.where(ip.transient[v] <= cap, w, np.inf)
+    for blk, src in enumerate(ip.block_input):
+        if src is not None:  # a checkpointed block keeps its input
+            held = np.array([blk in ckpt for _, _, ckpt in combos])[:, None]
+            unary[src] = unary[src] + np.where(held, b * ip.input_bytes[blk].astype(float), 0.0)
+    incoming: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in range(ip.n)}
+    for e in ip.edges:
+        kept = inside[:, e.dst][:, None, None]
+        mat = a[:, :, None] * (e.cost + np.where(kept, e.recompute, 0.0))
+        if e.saved is not None:
+            mat = mat + b[:, :, None] * e.saved
+        if e.transient is not None:
+            mat = np.where(e.transient <= cap[:, :, None], mat, np.inf)
+        incoming[e.dst].append((e.src, mat))
+    return unary, incoming
+
+
 class _Pricer:
     """Exact minimisers of time + mu·additive bytes for a set of checkpointed blocks and a transient cap
     (`minimise`), the search over mu (`search`), and every assignment found on the way (`results`)."""
@@ -67,27 +103,12 @@ class _Pricer:
     def minimise(self, ckpt: frozenset[int], mu: float, cap: float) -> Start | None:
         """The minimiser with blocks `ckpt` checkpointed and no transient above `cap`, evaluated exactly
         (None when the cap forbids every assignment)."""
-        ip = self.ip
-        in_ckpt = [ip.block_of[v] in ckpt for v in range(ip.n)]
-        unary: dict[int, np.ndarray] = {}
-        for v in range(ip.n):
-            secs = ip.time[v] + (ip.recompute[v] if in_ckpt[v] else 0.0)
-            mem = ip.state[v] + (0 if in_ckpt[v] else ip.saved[v])
-            unary[v] = np.where(ip.transient[v] <= cap, secs + mu * mem.astype(float), np.inf)
-        for b in ckpt:  # a checkpointed block keeps its input
-            src = ip.block_input[b]
-            if src is not None:
-                unary[src] = unary[src] + mu * ip.input_bytes[b].astype(float)
-        incoming: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in range(ip.n)}
-        for e in ip.edges:
-            mat = e.cost + (e.recompute if in_ckpt[e.dst] else 0.0) + (0.0 if e.saved is None else mu * e.saved)
-            if e.transient is not None:
-                mat = np.where(e.transient <= cap, mat, np.inf)
-            incoming[e.dst].append((e.src, mat))
-        sweep = eliminate(self.order, self.sizes, unary, incoming, memo=self.memo)
-        if not np.isfinite(sweep.value):
+        unary, incoming = priced_costs(self.ip, [(0.0, Price(1.0, mu, 0.0, cap), ckpt)])
+        sweep = eliminate(self.order, self.sizes, unary, incoming, memo=self.memo, batch=1)
+        if not np.isfinite(sweep.value[0]):
             return None
-        picked = sweep.argmin({})
+        ip = self.ip
+        picked = sweep.at(0).argmin({})
         choice = [int(picked[v]) for v in range(ip.n)]
         blocks = sorted(ckpt)
         time_s, peak = self.evaluate(choice, blocks)
