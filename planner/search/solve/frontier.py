@@ -300,10 +300,11 @@ def undominated_rows(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     keys = np.ascontiguousarray(keys, dtype=np.int64)
     _, first, group = np.unique(keys.view(np.dtype((np.void, keys.itemsize * keys.shape[1]))).ravel(),
                                 return_index=True, return_inverse=True)
+    seen = np.argsort(first, kind="stable")  # the groups in the order first seen
     rank = np.empty(len(first), dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    rank[seen] = np.arange(len(first))
     order = np.argsort(rank[group.ravel()], kind="stable")  # by group in first-seen order, rows in order
-    sizes = np.bincount(group.ravel(), minlength=len(first))[np.argsort(first, kind="stable")]
+    sizes = np.bincount(group.ravel(), minlength=len(first))[seen]
     keep = np.ones(len(order), dtype=bool)
     start = 0
     values = np.asarray(values, dtype=float)

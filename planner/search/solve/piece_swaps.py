@@ -109,6 +109,7 @@ def piece_options(runs: PricedRuns) -> list[Options]:
         out.append(options)
     return out
 
+
 def swap_columns(runs: PricedRuns, options: list[Options], choice: list[int]) -> list[list[FrontierPoint]]:
     """Per class: the blocks one piece away from the blocks of `choice` (an assignment). A block is swept
     in pieces that meet only at one node's choice (`BlockDP.pieces`), so any piece of a block priced

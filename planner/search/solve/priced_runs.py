@@ -160,9 +160,11 @@ class PricedRuns:
         ask for every price's again; fresh lists each time)."""
         key = tuple(keep)
         if key not in self._column_sets:
-            self._column_sets[key] = [
-                dp.make_points(u[:, 0], u[:, 1], u[:, 2].astype(bool), u[:, 3:], undominated=True)
-                for dp, u in ((dp, self._blocks(keep, cls)) for cls, dp in enumerate(self.dps))]
+            sets = []
+            for cls, dp in enumerate(self.dps):
+                u = self._blocks(keep, cls)
+                sets.append(dp.make_points(u[:, 0], u[:, 1], u[:, 2].astype(bool), u[:, 3:], undominated=True))
+            self._column_sets[key] = sets
         return [list(points) for points in self._column_sets[key]]
 
     def _blocks(self, keep: list[int], cls: int) -> np.ndarray:
