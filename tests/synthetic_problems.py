@@ -8,11 +8,27 @@ DESIGN §6 scaling instance (8 heavy ops per block, 10 choices each).
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 import numpy as np
 
+from planner.search.solve.evaluate import evaluate_indexed
+from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, SharedInput
 
-__all__ = ["random_problem", "repeated_blocks", "encoder_decoder", "all_fastest_peak"]
+__all__ = ["random_problem", "repeated_blocks", "encoder_decoder", "all_fastest_peak", "every_assignment"]
+
+
+def every_assignment(ip: IndexedProblem) -> Iterator[tuple[list[int], list[int], float, int, int]]:
+    """(choice vector, checkpointed blocks, time, peak, max term) of every assignment of a small problem:
+    every choice vector with every set of checkpointed blocks, measured by `evaluate_indexed`."""
+    blocks = range(len(ip.block_nodes))
+    for choice in itertools.product(*(range(s) for s in ip.sizes)):
+        for k in range(len(ip.block_nodes) + 1):
+            for ckpt in itertools.combinations(blocks, k):
+                time_s, peak, parts = evaluate_indexed(ip, list(choice), list(ckpt))
+                yield list(choice), list(ckpt), time_s, peak, parts["transient_bytes"]
 
 
 def _choices(rng: np.random.Generator, n: int, mem: int = 1000) -> list[Choice]:

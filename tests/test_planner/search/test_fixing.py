@@ -5,26 +5,15 @@ True)` returns the brute-force optimum, proven, where the priced search alone le
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
-from synthetic_problems import repeated_blocks
+from synthetic_problems import every_assignment, repeated_blocks
 
 from planner.search.solve import brute_force, fixing, solve
 from planner.search.solve.block_dp import Price
 from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.priced_bound import transient_levels
-
-
-def _every_assignment(ip: IndexedProblem):
-    """(choice, checkpointed blocks, time, peak) of every assignment."""
-    sets = [list(c) for k in range(len(ip.block_nodes) + 1) for c in itertools.combinations(range(len(ip.block_nodes)), k)]
-    for choice in itertools.product(*[range(s) for s in ip.sizes]):
-        for ckpt in sets:
-            time_s, peak, _ = evaluate_indexed(ip, list(choice), ckpt)
-            yield list(choice), ckpt, time_s, peak
 
 
 @pytest.mark.parametrize("seed, fraction", [(700, 0.8), (702, 0.7), (705, 0.6), (700, 0.9)])
@@ -37,7 +26,7 @@ def test_an_option_bound_is_at_most_every_fitting_assignment_that_uses_it(seed: 
     floor = float(levels[0])  # every assignment's max term is at least the least transient
     mid = float(levels[len(levels) // 2])
     scale = float(np.mean([t.mean() for t in ip.time])) / float(np.mean([s.mean() for s in ip.state]))
-    fitting = [(c, t) for c, _, t, peak in _every_assignment(ip) if peak <= ip.budget]
+    fitting = [(c, t) for c, _, t, peak, _ in every_assignment(ip) if peak <= ip.budget]
     best = min(t for _, t in fitting)
     cut = 0
     for f in (0.0, 1.0):  # recomputed bytes priced at none or all of b / M

@@ -1,28 +1,16 @@
 """The priced search's lower bound at tight budgets: the raised max-term floor against enumeration, its
 range search against a plain scan, and the bound against the exact optimum."""
 
-import itertools
 
 import numpy as np
 import pytest
-from synthetic_problems import repeated_blocks
+from synthetic_problems import every_assignment, repeated_blocks
 
 from planner.search.solve import brute_force, solve
 from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import decompose
-from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.priced_bound import banded_bound, golden_max, max_term_floor
-
-
-def _every_assignment(ip: IndexedProblem):
-    """(time, peak, max term) of every assignment: every choice vector and set of checkpointed blocks."""
-    blocks = range(len(ip.block_nodes))
-    for choice in itertools.product(*(range(s) for s in ip.sizes)):
-        for k in range(len(ip.block_nodes) + 1):
-            for ckpt in itertools.combinations(blocks, k):
-                time_s, peak, parts = evaluate_indexed(ip, list(choice), list(ckpt))
-                yield time_s, peak, parts["transient_bytes"]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -59,7 +47,7 @@ def test_raised_floor_is_below_every_fitting_assignments_max_term() -> None:
     for seed in range(8):
         rng = np.random.default_rng(100 + seed)
         problem = repeated_blocks(rng, n_blocks=2, block_nodes=3, choices=2, residual=seed % 2 == 0, mem=1000)
-        every = list(_every_assignment(IndexedProblem(problem)))
+        every = [(t, peak, top) for _, _, t, peak, top in every_assignment(IndexedProblem(problem))]
         least_peak = min(peak for _, peak, _ in every)
         for factor in (1.0, 1.1, 1.3):
             budget = int(least_peak * factor)
@@ -142,7 +130,7 @@ def test_banded_bound_is_below_the_optimum_and_lifts_the_floor_bound() -> None:
         rng = np.random.default_rng(900 + seed)
         problem = repeated_blocks(rng, n_blocks=2, block_nodes=3, choices=3, residual=seed % 2 == 0,
                                   checkpointing=True)
-        every = list(_every_assignment(IndexedProblem(problem)))
+        every = [(t, peak, top) for _, _, t, peak, top in every_assignment(IndexedProblem(problem))]
         least_peak = min(peak for _, peak, _ in every)
         for factor in (1.0, 1.15, 1.4):
             budget = int(least_peak * factor)
