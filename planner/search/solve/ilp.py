@@ -6,7 +6,9 @@ Formulation (memory in units of `IndexedProblem.memory_unit()` bytes, time scale
 * s_v[p] binary, sum_p s_v[p] = 1; nodes with one choice are the constant 1 (no variable).
 * Edge matrices that split as a[p] + b[q] (constant ones, ones with a single-choice end) are folded into
   the two nodes' costs. Other edges get e[p, q] in [0, 1] with sum_q e[p, q] = s_u[p] and
-  sum_p e[p, q] = s_v[q]: with integer s the only solution is e = s_u s_vᵀ, so e stays continuous.
+  sum_p e[p, q] = s_v[q]: with integer s the only solution is e = s_u s_vᵀ, so e stays continuous. One
+  set of pair variables per edge carries all its terms (time, working set, saved bytes). A pair ruled out
+  in advance (`build_flat(allowed=)`) gets no variable, so the marginals forbid it.
 * Checkpoint c_b binary. Every product "node v takes p and block b is checkpointed" is an and-vector
   y[p] in [0, 1] with y[p] <= s_v[p] and sum_p y[p] = c_b: exact for integer s and c (y = c·s). It drops
   v's saved bytes (-saved·y), adds its recompute time, keeps the input node's input_bytes, and gives the
@@ -29,13 +31,15 @@ import numpy as np
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import MilpModel
 
-__all__ = ["ONE", "LinExpr", "IlpBuilder", "BuiltModel", "build_flat", "flat_pairs", "flat_size"]
+__all__ = ["ONE", "ZERO", "LinExpr", "IlpBuilder", "BuiltModel", "build_flat", "flat_pairs", "flat_size"]
 
 ONE = -1  # an indicator entry that is the constant 1 rather than a variable
+ZERO = -2  # a pair variable's entry that is the constant 0: a pair of choices ruled out (`pair_vars`)
 
 
 class LinExpr:
-    """A linear expression over model variables plus a constant; indices equal to ONE add constants."""
+    """A linear expression over model variables plus a constant; indices equal to ONE add constants, indices
+    equal to ZERO nothing."""
 
     def __init__(self) -> None:
         self.idx: list[np.ndarray] = []
@@ -47,8 +51,9 @@ class LinExpr:
         coef = np.broadcast_to(np.asarray(coef, dtype=float), ind.shape)
         const = ind == ONE
         self.const += float(coef[const].sum())
-        self.idx.append(ind[~const])
-        self.val.append(coef[~const])
+        var = ~const & (ind != ZERO)
+        self.idx.append(ind[var])
+        self.val.append(coef[var])
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.idx:
@@ -91,6 +96,7 @@ class IlpBuilder:
         self.memory = LinExpr()  # bytes, without the max term
         self.tops: list[tuple[LinExpr, float]] = []  # T >= expr (bytes), with an upper bound of expr
         self.top_floor = 0.0  # T >= this constant
+        self._pairs: dict[tuple[bytes, bytes], np.ndarray] = {}  # pair_vars by their two vectors
 
     def one_hot(self, n: int) -> np.ndarray:
         """An indicator vector choosing exactly one of n options (the constant [ONE] when n == 1)."""
@@ -121,19 +127,23 @@ class IlpBuilder:
             self.model.add_row(np.concatenate([[y], idx]), np.concatenate([[1.0], -val]), lo=expr.const)
         self.memory.add(self.and_vector(ind, y), nbytes.astype(float))
 
-    def pair_cost(self, ind_u: np.ndarray, ind_v: np.ndarray, mat: np.ndarray, into: LinExpr) -> None:
-        """Add sum_{p,q} mat[p, q]·ind_u[p]·ind_v[q] to `into`; both vectors have the same sum (1 or c)."""
+    def pair_cost(self, ind_u: np.ndarray, ind_v: np.ndarray, mat: np.ndarray, into: LinExpr,
+                  allowed: np.ndarray | None = None) -> None:
+        """Add sum_{p,q} mat[p, q]·ind_u[p]·ind_v[q] to `into`; both vectors have the same sum (1 or c).
+        `allowed`: see `pair_vars`."""
         if not np.any(mat):
             return
-        parts = _split(mat)
+        parts = _split(mat) if allowed is None else None
         if parts is not None:
             into.add(ind_u, parts[0])
             into.add(ind_v, parts[1])
             return
-        into.add(self.pair_vars(ind_u, ind_v).ravel(), mat.ravel())
+        into.add(self.pair_vars(ind_u, ind_v, allowed).ravel(), mat.ravel())
 
-    def pair_top(self, ind_u: np.ndarray, ind_v: np.ndarray, work: np.ndarray | None) -> None:
-        """T >= work[p, q] when u takes p and v takes q (a conversion's working set), for one-hot vectors."""
+    def pair_top(self, ind_u: np.ndarray, ind_v: np.ndarray, work: np.ndarray | None,
+                 allowed: np.ndarray | None = None) -> None:
+        """T >= work[p, q] when u takes p and v takes q (a conversion's working set), for one-hot vectors.
+        `allowed`: see `pair_vars` (both vectors must then have several entries)."""
         if work is None or not np.any(work):
             return
         if len(ind_u) == 1 and ind_u[0] == ONE:
@@ -143,14 +153,24 @@ class IlpBuilder:
             self.top(ind_u, work[:, 0].astype(float))
             return
         expr = LinExpr()
-        expr.add(self.pair_vars(ind_u, ind_v).ravel(), work.ravel().astype(float))
+        expr.add(self.pair_vars(ind_u, ind_v, allowed).ravel(), work.ravel().astype(float))
         self.tops.append((expr, float(work.max())))
 
-    def pair_vars(self, ind_u: np.ndarray, ind_v: np.ndarray) -> np.ndarray:
+    def pair_vars(self, ind_u: np.ndarray, ind_v: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
         """e[p, q] = ind_u[p]·ind_v[q] for vectors with the same sum (one-hot, or and-vectors of one flag):
-        continuous variables with both marginals, exact for integer indicators."""
+        continuous variables with both marginals, exact for integer indicators. One set per pair of vectors,
+        shared by every term on it (an edge's time, working set and saved bytes): fewer variables, and a
+        tighter relaxation, since separate copies could take different fractional values. `allowed`: a
+        boolean matrix of the pairs that may be taken; the others get no variable (ZERO), so the marginals
+        rule them out (reduced-cost fixing of pairs, `planner.search.solve.fixing`)."""
+        key = (np.asarray(ind_u).tobytes(), np.asarray(ind_v).tobytes(), b"" if allowed is None else allowed.tobytes())
+        if key in self._pairs:
+            return self._pairs[key]
         n_u, n_v = len(ind_u), len(ind_v)
-        e = self.model.add_vars(n_u * n_v).reshape(n_u, n_v)
+        mask = np.ones((n_u, n_v), dtype=bool) if allowed is None else np.asarray(allowed, dtype=bool)
+        e = np.full((n_u, n_v), ZERO, dtype=np.int64)
+        e[mask] = self.model.add_vars(int(mask.sum()))
+        self._pairs[key] = e
         for p in range(n_u):
             self._marginal(e[p, :], ind_u[p])
         for q in range(n_v):
@@ -158,6 +178,7 @@ class IlpBuilder:
         return e
 
     def _marginal(self, pair_vars: np.ndarray, target: int) -> None:
+        pair_vars = pair_vars[pair_vars != ZERO]
         ones = np.ones(len(pair_vars))
         if target == ONE:
             self.model.add_row(pair_vars, ones, 1.0, 1.0)
@@ -206,19 +227,26 @@ class IlpBuilder:
         return m
 
 
-def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
-    """The flat ILP of the module docstring for `ip`."""
+def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
+               allowed: dict[int, np.ndarray] | None = None) -> BuiltModel:
+    """The flat ILP of the module docstring for `ip`. `allowed`: per edge (its index in `ip.edges`, both ends
+    with several choices), a boolean matrix of the pairs of choices an answer may take; the others are ruled
+    out (`fixing.prove`: no faster answer takes them)."""
+    allowed = allowed or {}
     b = IlpBuilder(ip)
     s = [b.one_hot(n) for n in ip.sizes]
     for v in range(ip.n):
         b.time.add(s[v], ip.time[v])
         b.memory.add(s[v], ip.state[v] + ip.saved[v])
         b.top(s[v], ip.transient[v].astype(float))
-    for e in ip.edges:
-        b.pair_cost(s[e.src], s[e.dst], e.cost, b.time)
-        b.pair_top(s[e.src], s[e.dst], e.transient)
+    for k, e in enumerate(ip.edges):
+        mask = allowed.get(k)
+        if mask is not None:  # the pair variables that rule the other pairs out, whatever the costs
+            b.pair_vars(s[e.src], s[e.dst], mask)
+        b.pair_cost(s[e.src], s[e.dst], e.cost, b.time, mask)
+        b.pair_top(s[e.src], s[e.dst], e.transient, mask)
         if e.saved is not None:
-            b.pair_cost(s[e.src], s[e.dst], e.saved.astype(float), b.memory)
+            b.pair_cost(s[e.src], s[e.dst], e.saved.astype(float), b.memory, mask)
     flags: list[int] = []
     if ip.checkpointing:
         for blk, members in enumerate(ip.block_nodes):
@@ -249,16 +277,17 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None) -> BuiltModel:
                 expr, most = recomputed(v)
                 expr.add(land(v), ip.transient[v].astype(float))
                 b.tops.append((expr, most + float(ip.transient[v].max())))
-            for e in ip.edges:
+            for k, e in enumerate(ip.edges):
                 if ip.block_of[e.dst] == blk and e.transient is not None:
                     expr, most = recomputed(e.dst)
-                    expr.add(b.pair_vars(land(e.src), land(e.dst)).ravel(), e.transient.ravel().astype(float))
+                    pairs = b.pair_vars(land(e.src), land(e.dst), allowed.get(k))
+                    expr.add(pairs.ravel(), e.transient.ravel().astype(float))
                     b.tops.append((expr, most + float(e.transient.max())))
             src = ip.block_input[blk]
             b.memory.add(np.array([c]) if src is None else land(src), ip.input_bytes[blk].astype(float))
-            for e in ip.edges:
+            for k, e in enumerate(ip.edges):
                 if ip.block_of[e.dst] == blk:
-                    b.pair_cost(land(e.src), land(e.dst), e.recompute, b.time)
+                    b.pair_cost(land(e.src), land(e.dst), e.recompute, b.time, allowed.get(k))
         for v, nbytes, blocks in ip.shared:
             flag_exprs = []
             for blk in sorted(blocks):
