@@ -171,6 +171,35 @@ def _schedule(order: list[int], sizes: dict[int, int], factors: list[list[int]],
     return steps
 
 
+def _factors(order: list[int], unary: dict[int, np.ndarray], incoming: dict[int, list[tuple[int, np.ndarray]]]
+             ) -> tuple[list[list[int]], list[np.ndarray]]:
+    """The factors of a sweep: each node's unary cost, then its incoming edges' matrices (nodes, array)."""
+    factor_nodes: list[list[int]] = []
+    arrays: list[np.ndarray] = []
+    for v in order:
+        factor_nodes.append([v])
+        arrays.append(np.asarray(unary[v], dtype=float))
+        for u, mat in incoming.get(v, ()):
+            factor_nodes.append([u, v])
+            arrays.append(np.asarray(mat, dtype=float))
+    return factor_nodes, arrays
+
+
+def _program(order: list[int], sizes: dict[int, int], factor_nodes: list[list[int]], kept: list[int],
+             memo: dict | None) -> _Program:
+    """The compiled elimination of this structure, from `memo` where it was compiled before."""
+    key = None
+    if memo is not None:
+        key = (tuple(order), tuple(kept), tuple(tuple(nodes) for nodes in factor_nodes),
+               tuple(sizes[u] for nodes in factor_nodes for u in nodes))
+    program = memo.get(key) if memo is not None else None
+    if program is None:
+        program = _compile(order, sizes, factor_nodes, kept)
+        if memo is not None:
+            memo[key] = program
+    return program
+
+
 def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarray],
               incoming: dict[int, list[tuple[int, np.ndarray]]], keep: list[int] | tuple[int, ...] = (),
               start: list[int] | tuple[int, ...] = (), memo: dict | None = None, batch: int = 0) -> Sweep:
@@ -189,24 +218,9 @@ def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarr
         `Sweep.at(i)` reads the i-th's choices back).
     Infinite costs forbid a choice.
     """
-    factor_nodes: list[list[int]] = []
-    arrays: list[np.ndarray] = []
-    for v in order:
-        factor_nodes.append([v])
-        arrays.append(np.asarray(unary[v], dtype=float))
-        for u, mat in incoming.get(v, ()):
-            factor_nodes.append([u, v])
-            arrays.append(np.asarray(mat, dtype=float))
+    factor_nodes, arrays = _factors(order, unary, incoming)
     kept = list(keep)
-    key = None
-    if memo is not None:
-        key = (tuple(order), tuple(kept), tuple(tuple(nodes) for nodes in factor_nodes),
-               tuple(sizes[u] for nodes in factor_nodes for u in nodes))
-    program = memo.get(key) if memo is not None else None
-    if program is None:
-        program = _compile(order, sizes, factor_nodes, kept)
-        if memo is not None:
-            memo[key] = program
+    program = _program(order, sizes, factor_nodes, kept, memo)
     lead = (batch,) if batch else ()
     records: list[_Record] = []
     for x, scope, terms, shape in program.steps:
@@ -223,3 +237,53 @@ def eliminate(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarr
     else:
         value = np.asarray(sum(float(arrays[t.factor]) for t in program.final))
     return Sweep(value, kept, records)
+
+
+def _reduce_to(table: np.ndarray, axes: list[int], onto: list[int], lead: int) -> np.ndarray:
+    """`table` (axes: `lead` batch axes, then one per node of `axes`) minimised over every node not in `onto`,
+    its axes in `onto`'s order."""
+    drop = tuple(lead + a for a, u in enumerate(axes) if u not in onto)
+    out = table.min(axis=drop) if drop else table
+    left = [u for u in axes if u in onto]
+    perm = [left.index(u) for u in onto]
+    return out if perm == sorted(perm) else np.transpose(out, tuple(range(lead)) + tuple(lead + p for p in perm))
+
+
+def min_marginals(order: list[int], sizes: dict[int, int], unary: dict[int, np.ndarray],
+                  incoming: dict[int, list[tuple[int, np.ndarray]]], memo: dict | None = None, batch: int = 0
+                  ) -> tuple[dict[int, np.ndarray], dict[tuple[int, int], np.ndarray]]:
+    """Every node's min-marginal (over its choices: the least sum with the node at that choice, what
+    `eliminate(keep=[v]).value` gives) and every edge's (u, v) (over both nodes' choices), from one elimination
+    and one pass back down its tree of tables: each table, plus what everything outside its subtree adds at
+    best (the "outside" message, from the parent's table without this child's message), holds the exact
+    min-marginal of its nodes. Arguments as `eliminate` (no kept nodes); the values equal its up to the order
+    in which floats are added."""
+    factor_nodes, arrays = _factors(order, unary, incoming)
+    program = _program(order, sizes, factor_nodes, [], memo)
+    lead = (batch,) if batch else ()
+    k = len(lead)
+    first = len(arrays)  # factor id of step i's message: first + i
+    tables = []
+    for _, _, terms, shape in program.steps:
+        tables.append(_sum_terms(terms, arrays, shape, lead))
+        arrays.append(tables[-1].min(axis=-1))
+    outside: list[np.ndarray | None] = [None] * len(program.steps)
+    roots = [t.factor for t in program.final]
+    for f in roots:  # a message nothing consumes (no nodes left): the others' minima add to it
+        outside[f - first] = sum((arrays[g] for g in roots if g != f), np.zeros(lead))
+    nodes: dict[int, np.ndarray] = {}
+    pairs: dict[tuple[int, int], np.ndarray] = {}
+    for i in reversed(range(len(program.steps))):
+        x, scope, terms, shape = program.steps[i]
+        axes = scope + [x]
+        inside = outside[i][..., None]
+        belief = tables[i] + inside
+        nodes[x] = _reduce_to(belief, axes, [x], k)
+        for t in terms:
+            if t.factor < first and len(factor_nodes[t.factor]) == 2:
+                u, v = factor_nodes[t.factor]
+                pairs[u, v] = _reduce_to(belief, axes, [u, v], k)
+            elif t.factor >= first:
+                rest = _sum_terms([o for o in terms if o is not t], arrays, shape, lead) + inside
+                outside[t.factor - first] = _reduce_to(rest, axes, program.steps[t.factor - first][1], k)
+    return nodes, pairs
