@@ -8,6 +8,7 @@ bytes); if the budget is infeasible, find the smallest feasible budget.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -40,7 +41,8 @@ def infeasible_or_fallback(ip: IndexedProblem, least: LeastMemory, base: dict, f
 
 def solve_built(ip: IndexedProblem, build: Build, *, solver: str, deadline: float, method: str,
                 initial: tuple[list[int], list[int]] | None = None,
-                least_initial: tuple[list[int], list[int]] | None = None, work_limit: int = WORK_LIMIT) -> Solution:
+                least_initial: tuple[list[int], list[int]] | None = None, work_limit: int | None = WORK_LIMIT,
+                options: Mapping[str, object] | None = None) -> Solution:
     """Minimise step time under `ip.budget` with the models `build(mode, budget)` gives.
 
     The answer's figures are re-evaluated from the formulas; the solver's feasibility tolerance times a
@@ -50,12 +52,12 @@ def solve_built(ip: IndexedProblem, build: Build, *, solver: str, deadline: floa
     `initial`: an assignment (choice vector, checkpointed blocks) that fits, handed to the solver as a MIP
     start where the model can take one: the work limit (`milp.WORK_LIMIT`) then never leaves it empty-handed;
     `least_initial`: the same for the least-memory solve, when the budget is infeasible. `work_limit`: the
-    time-mode ILP's work (`milp.solve_milp`)."""
+    time-mode ILP's work (`milp.solve_milp`); `options`: its HiGHS options."""
     start = time.perf_counter()
     built = build("time", ip.budget)
     values = built.encode(*initial) if initial is not None and built.encode is not None else None
     res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), work_limit=work_limit,
-                     mip_start=values)
+                     mip_start=values, options=options)
     if res.x is not None:
         choice, ckpt = built.extract(res.x)
         time_s, peak, _ = evaluate_indexed(ip, choice, ckpt)

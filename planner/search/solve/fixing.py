@@ -8,8 +8,10 @@ that give node v the option x_v: v's min-marginal, one variable elimination over
 kept (per set of checkpointed blocks: a block's flag changes every one of its nodes' costs). So an option
 whose bound is at least the answer's time in every range is in no faster answer (reduced-cost fixing), and
 the flat ILP over the options left (`restrict`), started from the answer, either finds a faster one or proves
-that none exists. On HF LLaMA (2 layers, 2x2x2, 1.25x its smallest budget) 459 of 1,018 options are left and
-4,000 of 20,834 option pairs; the flat ILP over them proves the optimum in 14 s (54 s over all of them). The
+that none exists. The same holds for a pair of options on an edge, from the min-marginal of its two nodes
+(`pair_bounds`): the ILP gets no variable for a pair that is cut, which rules it out. On HF LLaMA (2 layers,
+2x2x2, 1.25x its smallest budget) 500 of 1,018 options are left, and 2,110 of the 4,000 pairs between them;
+the flat ILP over them proves the optimum in 3.5 s (54 s over every option, 14 s over the options left). The
 same Lagrangian bound over the options left barely rises (0.5012 -> 0.5013 ms against the optimum 0.5383):
 the gap is the relaxation's, not the options', which is why the ILP does the proving.
 
@@ -27,17 +29,39 @@ import numpy as np
 
 from planner.search.solve.block_dp import Price
 from planner.search.solve.driver import solve_built
-from planner.search.solve.eliminate import eliminate
+from planner.search.solve.eliminate import min_marginals
 from planner.search.solve.evaluate import evaluate_indexed
 from planner.search.solve.flat_start import priced_costs
 from planner.search.solve.frontier import topological_order
 from planner.search.solve.ilp import build_flat
 from planner.search.solve.indexed import IndexedEdge, IndexedProblem
+from planner.search.solve.milp import LEAN_OPTIONS, NO_PROBING
 from planner.search.solve.problem import GAP_TOLERANCE, Solution, relative_gap
 
-__all__ = ["option_bounds", "prove", "restrict"]
+__all__ = ["option_bounds", "pair_bounds", "prove", "restrict"]
 
 _MAX_BLOCKS = 4  # 2^M sets of checkpointed blocks per range
+# HiGHS options for the proving ILP: no restarts, no RINS/RENS sub-MIPs, no probing (the column ILPs' options,
+# `milp`). It starts from the answer and mostly has to raise its bound: on four saved ILPs of the tiny HF models
+# (2x2x2, 1.25-2x their smallest budgets) 52 s -> 29 s wall in all, the same optima.
+PROVE_OPTIONS = {**LEAN_OPTIONS, **NO_PROBING}
+
+
+def _bounds(ip: IndexedProblem, ranges: list[tuple[float, Price]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per node, and per edge of `ip.edges`, the bounds of `option_bounds` and `pair_bounds`: the min-marginals of
+    the priced sum under every (range, set of checkpointed blocks), all from one elimination and its pass back
+    (`eliminate.min_marginals`), each turned into the time bound its price proves; the least over them."""
+    m = len(ip.block_nodes)
+    sets = [frozenset(c) for k in range(m + 1) for c in itertools.combinations(range(m), k)] \
+        if ip.checkpointing else [frozenset()]
+    combos = [(floor, price, ckpt) for floor, price in ranges for ckpt in sets]
+    unary, incoming = priced_costs(ip, combos)
+    order = topological_order(ip.n, [(e.src, e.dst) for e in ip.edges]) or list(range(ip.n))
+    nodes, pairs = min_marginals(order, dict(enumerate(ip.sizes)), unary, incoming, batch=len(combos))
+    # what price_bound adds to a priced minimum, per combination: (b - c·M)·floor - b·budget
+    shift = np.array([(p.b - p.c * m) * floor - p.b * ip.budget for floor, p, _ in combos])
+    return ([(nodes[v] + shift[:, None]).min(axis=0) for v in range(ip.n)],
+            [(pairs[e.src, e.dst] + shift[:, None, None]).min(axis=0) for e in ip.edges])
 
 
 def option_bounds(ip: IndexedProblem, ranges: list[tuple[float, Price]]) -> list[np.ndarray]:
@@ -46,21 +70,15 @@ def option_bounds(ip: IndexedProblem, ranges: list[tuple[float, Price]]) -> list
     proves from the option's min-marginal; see the module docstring). The ranges must cover every max-term
     level a fitting assignment can have. Shared inputs (`ip.shared`) are left out of the priced sum, which only
     lowers it: the bounds stay valid."""
-    m = len(ip.block_nodes)
-    sets = [frozenset(c) for k in range(m + 1) for c in itertools.combinations(range(m), k)] \
-        if ip.checkpointing else [frozenset()]
-    combos = [(floor, price, ckpt) for floor, price in ranges for ckpt in sets]
-    unary, incoming = priced_costs(ip, combos)
-    order = topological_order(ip.n, [(e.src, e.dst) for e in ip.edges]) or list(range(ip.n))
-    sizes = dict(enumerate(ip.sizes))
-    # what price_bound adds to a priced minimum, per combination: (b - c·M)·floor - b·budget
-    shift = np.array([(p.b - p.c * m) * floor - p.b * ip.budget for floor, p, _ in combos])[:, None]
-    memo: dict = {}
-    out = []
-    for v in range(ip.n):
-        table = eliminate(order, sizes, unary, incoming, keep=[v], memo=memo, batch=len(combos)).value
-        out.append((table + shift).min(axis=0))
-    return out
+    return _bounds(ip, ranges)[0]
+
+
+def pair_bounds(ip: IndexedProblem, ranges: list[tuple[float, Price]]) -> list[np.ndarray]:
+    """Per edge of `ip.edges`, per pair of its nodes' options: a lower bound on the time of every fitting
+    assignment that takes that pair, as `option_bounds` per option (the min-marginal of the two nodes
+    together). A pair can be out of every faster answer where neither of its options is: on HF LLaMA (2x2x2,
+    1.25x) 1,890 of the 4,000 pairs left by option fixing."""
+    return _bounds(ip, ranges)[1]
 
 
 def restrict(ip: IndexedProblem, keep: list[np.ndarray]) -> IndexedProblem:
@@ -84,8 +102,8 @@ def restrict(ip: IndexedProblem, keep: list[np.ndarray]) -> IndexedProblem:
 
 def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], solver: str,
           deadline: float) -> Solution | None:
-    """`sol` proven optimal, or a faster answer, from the flat ILP over the options that can beat it
-    (`option_bounds`), with the answer's own options kept and the answer as its start; None where there are
+    """`sol` proven optimal, or a faster answer, from the flat ILP over the options and pairs of options that
+    can beat it (`option_bounds`, `pair_bounds`), with the answer's own kept and the answer as its start; None where there are
     more than _MAX_BLOCKS blocks. The figures are `ip`'s; the bound is the ILP's over what is left, or the
     answer's time where that is lower (everything cut is at least that slow)."""
     if len(ip.block_nodes) > _MAX_BLOCKS or not sol.choice:
@@ -94,12 +112,18 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
     target = sol.objective
     choice = [sol.choice[n] for n in ip.names]
     ckpt = [ip.block_index(b) for b in sol.checkpointed]
-    bounds = option_bounds(ip, ranges)
+    bounds, pairs = _bounds(ip, ranges)
     keep = [np.flatnonzero((bnd < target) | (np.arange(len(bnd)) == c)) for bnd, c in zip(bounds, choice)]
     left = restrict(ip, keep)
     position = [{int(j): i for i, j in enumerate(k)} for k in keep]
-    flat = solve_built(left, functools.partial(build_flat, left), solver=solver, deadline=deadline, method="flat",
-                       initial=([position[v][c] for v, c in enumerate(choice)], ckpt), work_limit=None)
+    initial = [position[v][c] for v, c in enumerate(choice)]
+    allowed = {}  # per edge whose nodes keep several options: the pairs that can beat the answer, and its own
+    for k, (e, bnd) in enumerate(zip(ip.edges, pairs)):
+        if len(keep[e.src]) > 1 and len(keep[e.dst]) > 1:
+            allowed[k] = bnd[np.ix_(keep[e.src], keep[e.dst])] < target
+            allowed[k][initial[e.src], initial[e.dst]] = True
+    flat = solve_built(left, functools.partial(build_flat, left, allowed=allowed), solver=solver, deadline=deadline,
+                       method="flat", initial=(initial, ckpt), work_limit=None, options=PROVE_OPTIONS)
     if flat.status not in ("optimal", "feasible") or not flat.choice:
         return None
     picked = [int(keep[v][flat.choice[n]]) for v, n in enumerate(ip.names)]

@@ -1,5 +1,5 @@
-"""Reduced-cost fixing (`planner.search.solve.fixing`): every option's bound is at most the time of every fitting
-assignment that uses it (brute force over all assignments and checkpoint sets of random problems, one range of
+"""Reduced-cost fixing (`planner.search.solve.fixing`): every option's (and pair of options') bound is at most the
+time of every fitting assignment that uses it (brute force over all assignments and checkpoint sets of random problems, one range of
 max-term levels or two), the restricted problem measures its assignments as the whole one does, and `solve(prove=
 True)` returns the brute-force optimum, proven, where the priced search alone leaves a gap."""
 
@@ -28,21 +28,29 @@ def test_an_option_bound_is_at_most_every_fitting_assignment_that_uses_it(seed: 
     scale = float(np.mean([t.mean() for t in ip.time])) / float(np.mean([s.mean() for s in ip.state]))
     fitting = [(c, t) for c, _, t, peak, _ in every_assignment(ip) if peak <= ip.budget]
     best = min(t for _, t in fitting)
-    cut = 0
+    cut = pair_cut = 0
     for f in (0.0, 1.0):  # recomputed bytes priced at none or all of b / M
         for split in (False, True):  # one range of levels, or two: up to mid (capped) and above it
             bounds = np.full(sum(ip.sizes), -np.inf)
+            pairs = {k: np.full((ip.sizes[e.src], ip.sizes[e.dst]), -np.inf) for k, e in enumerate(ip.edges)}
             for b in scale * np.geomspace(1e-3, 1e3, 13):  # every price proves a bound: keep the best
                 price = Price(1.0, b, f * b / m)
                 ranges = [(floor, price)] if not split else [
                     (floor, Price(1.0, b, f * b / m, cap=mid)), (float(levels[levels > mid][0]), price)]
                 bounds = np.maximum(bounds, np.concatenate(fixing.option_bounds(ip, ranges)))
+                for k, table in enumerate(fixing.pair_bounds(ip, ranges)):
+                    pairs[k] = np.maximum(pairs[k], table)
             per_node = np.split(bounds, np.cumsum(ip.sizes)[:-1])
             for choice, time_s in fitting:
                 for v, c in enumerate(choice):
                     assert per_node[v][c] <= time_s * (1 + 1e-9)
+                for k, e in enumerate(ip.edges):
+                    assert pairs[k][choice[e.src], choice[e.dst]] <= time_s * (1 + 1e-9)
             cut += int((bounds >= best).sum())
-    assert cut > 0  # some options can be fixed: the check above is not vacuous
+            # pairs cut although neither of their options is
+            pair_cut += sum(int(((table >= best) & (per_node[e.src] < best)[:, None] & (per_node[e.dst] < best)[None, :]).sum())
+                            for table, e in zip(pairs.values(), ip.edges))
+    assert cut > 0 and pair_cut > 0  # some options and pairs can be fixed: the checks above are not vacuous
 
 
 def test_a_restricted_problem_measures_its_assignments_as_the_whole_one() -> None:

@@ -1,11 +1,14 @@
-"""The flat ILP against brute force on random small problems, budgets at the byte boundary, and its size
-reductions (single-choice nodes and splittable edge matrices need no variables)."""
+"""The flat ILP against brute force on random small problems, budgets at the byte boundary, pairs of choices
+ruled out, and its size reductions (single-choice nodes and splittable edge matrices need no variables)."""
+
+import functools
 
 import numpy as np
 import pytest
-from synthetic_problems import random_problem
+from synthetic_problems import every_assignment, random_problem
 
 from planner.search.solve import Choice, Problem, ProblemEdge, ProblemNode, brute_force, evaluate, solve
+from planner.search.solve.driver import solve_built
 from planner.search.solve.ilp import build_flat, flat_size
 from planner.search.solve.indexed import IndexedProblem
 
@@ -100,3 +103,30 @@ def test_splittable_edge_matrices_need_no_pair_variables() -> None:
     mixed = np.array([[0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
     assert build_flat(IndexedProblem(_two_nodes(mixed)), "time", 10**6).model.num_vars == base + 9
     assert solve(_two_nodes(mixed)).objective == pytest.approx(brute_force(_two_nodes(mixed)).objective)
+
+
+def test_ruled_out_pairs_are_never_taken() -> None:
+    """`build_flat(allowed=)`: with pairs of choices ruled out on some edges (reduced-cost fixing of pairs), the
+    ILP's optimum is brute force's over the assignments that take none of them, checkpointed or not."""
+    checked = 0
+    for seed in SEEDS:
+        problem = _instance(seed)
+        ip = IndexedProblem(problem)
+        rng = np.random.default_rng(seed)
+        allowed = {k: rng.random((ip.sizes[e.src], ip.sizes[e.dst])) < 0.6 for k, e in enumerate(ip.edges)
+                   if ip.sizes[e.src] > 1 and ip.sizes[e.dst] > 1}
+
+        def takes_none(choice: list[int], ip: IndexedProblem = ip, allowed: dict = allowed) -> bool:
+            return all(mask[choice[ip.edges[k].src], choice[ip.edges[k].dst]] for k, mask in allowed.items())
+
+        fitting = [(time_s, choice) for choice, ckpt, time_s, peak, _ in every_assignment(ip)
+                   if peak <= ip.budget and (ip.checkpointing or not ckpt) and takes_none(choice)]
+        if not fitting or not allowed:
+            continue
+        sol = solve_built(ip, functools.partial(build_flat, ip, allowed=allowed), solver="highs",
+                          deadline=float("inf"), method="flat")
+        assert sol.status == "optimal", seed
+        assert sol.objective == pytest.approx(min(fitting)[0], rel=1e-9), seed
+        assert takes_none([sol.choice[n] for n in ip.names])
+        checked += 1
+    assert checked >= 8
