@@ -148,8 +148,8 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
         solve may also stop there; the plan's `solver` block then says so (status "feasible", message).
     prove: where a plan is not proven optimal (the priced search's gap), look for the optimum with the exact
         flat ILP over the options that can beat it (`planner.search.solve.fixing`; problems of at most four
-        repeated blocks): status "optimal" where that proves it. Seconds to a minute more on the tiny
-        2-layer models (HF LLaMA on 8 ranks at 1.25x its smallest budget: 0.5416 -> 0.5383 ms, proven, 6.5 -> 11.6 s).
+        repeated blocks) without the work limit it runs with by default: status "optimal" where that proves
+        it. Seconds to a minute more on the tiny 2-layer models.
     Raises InfeasibleError (with the smallest feasible budget) when nothing fits, and
     `planner.apply.applicable.NotApplicableError` when the best plan is one `apply_plan` could not build
     (checked on meta tensors when `model` is a module; a ModelGraph has no parameters to check with).

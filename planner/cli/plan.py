@@ -41,8 +41,8 @@ PLANNING_ARGS = (
     arg("--solver", choices=("highs", "cbc"), help="MILP solver (default: highs)"),
     arg("--prove", action="store_true",
         help="where the plan is not proven optimal, search for the optimum with the exact flat ILP over the "
-             "options that can beat it (models of at most four repeated blocks; seconds to a minute more): "
-             "the solver status says optimal where that proves it"),
+             "options that can beat it without the work limit it runs with by default (models of at most four "
+             "repeated blocks; seconds to a minute more): the solver status says optimal where that proves it"),
     arg("--inputs", choices=("full", "sharded"),
         help="how the trained model is called: full (default; every rank passes the whole batch and gets whole "
              "outputs, e.g. logits gathered on every rank) or sharded (each rank its block of the batch, as a "

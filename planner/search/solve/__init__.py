@@ -29,7 +29,7 @@ from planner.search.solve.flat_start import priced_starts
 from planner.search.solve.frontier import FrontierTooLarge
 from planner.search.solve.ilp import build_flat, flat_pairs, flat_size
 from planner.search.solve.indexed import IndexedProblem, ProblemError, fold_fixed_edges, fold_shared_inputs
-from planner.search.solve.milp import Progress, SolverError, resolve_solver
+from planner.search.solve.milp import WORK_LIMIT, Progress, SolverError, resolve_solver
 from planner.search.solve.min_budget import SolveMemo
 from planner.search.solve.problem import (
     NOT_PROVEN,
@@ -65,6 +65,13 @@ EXACT_GAP = 0.01
 EXACT_FLAT_PAIRS = 8_000
 EXACT_WORK = 500_000  # ... with an eighth of the flat ILP's usual work (milp.WORK_LIMIT): a start it cannot
 # improve soon is kept (HF LLaMA's (8,) mesh at 1.25x, 20k nonzeros: 10 s at the usual work, 1.9 s now)
+# Where the problem has at most four blocks (`fixing.applies`), an answer not proven within EXACT_GAP is handed
+# to reduced-cost fixing and the flat ILP over what can beat it (`fixing.prove`) with this much work, before
+# the piece swaps (`PricedSolve.improve`, which then run only where it is still not proven within EXACT_GAP).
+# With prove=True, after the swaps and without a work limit. Half the flat ILP's usual work: on four saved ILPs of the tiny HF models
+# (2x2x2, 1.25-2x) it proves three (an eighth proves none, a quarter one; the full work limit also proves the
+# fourth, HF LLaMA at 2x, in 20 s CPU).
+PROVE_WORK = WORK_LIMIT // 2
 # solves at most per call: the budget, then tightened by what an answer was found to take beyond it
 FIT_ROUNDS = 4
 # progress=True shows a line only for solves longer than this (seconds)
@@ -312,24 +319,35 @@ def _refine(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name
             fits: Callable[[Solution], bool] = lambda s: True) -> Solution:
     """For the answer `solve` keeps of a priced round (once per solve, not for every round's): its bound lifted
     (`PricedSolve.lift`); with `small` (method "auto"), the flat ILP's answer from it where that ILP is small
-    (`_exact_if_small`); then, where the answer is still not proven within EXACT_GAP, a faster one from the
-    pinned prices' columns and the blocks one piece away (`PricedSolve.improve`); with `prove`, where it is
-    still not proven optimal, the flat ILP over the options that can beat it (`fixing.prove`), whose answer is
-    kept where it `fits` (the caller's account; otherwise only the bound it proves). Its figures are those of
-    the problem as given (`exact`). None of them where an answer found elsewhere beats its bound."""
+    (`_exact_if_small`); then, where the answer is still not proven within EXACT_GAP: on problems of at most
+    four blocks, the flat ILP over the options that can beat it (`fixing.prove`, PROVE_WORK); where that
+    leaves it unproven, a faster one from the pinned prices' columns and the blocks one piece away
+    (`PricedSolve.improve`); with `prove`, where it is still not proven optimal, that flat ILP without a work
+    limit (instead of the work-limited one). Its figures are those of the problem as given (`exact`). None of
+    them where an answer found elsewhere beats its bound."""
     search.lift(sol, deadline)
     out = _exact_if_small(ip, sol, name, deadline, beaten) if small else sol
+    if not prove and fixing.applies(ip) and _worth_refining(out, beaten):
+        out = _fixed(search, ip, exact, name, deadline, out, fits, PROVE_WORK)
     if _worth_refining(out, beaten):
         out = search.improve(out, name, deadline)
     if prove and out.status == "feasible" and out.choice and not (beaten is not None and beaten(out.bound)):
-        proved = fixing.prove(ip, out, _fixing_ranges(search, out.objective), name, deadline)
-        if proved is not None and fits(_as_given(exact, proved)):
-            return proved
-        if proved is not None:  # its answer does not fit the account: the bound it proves still holds
-            out.raise_bound(proved.bound, GAP_TOLERANCE)
-            out.message = "; ".join(m for m in (out.message, "lower bound from the flat ILP over the options that can "
-                                                "beat it, whose answer the plan's accounting does not fit") if m)
+        out = _fixed(search, ip, exact, name, deadline, out, fits, None)
     return sol if out is sol else _as_given(exact, out)
+
+
+def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name: str, deadline: float,
+           out: Solution, fits: Callable[[Solution], bool], work_limit: int | None) -> Solution:
+    """`out`, or the answer of the flat ILP over the options that can beat it (`fixing.prove`, with this work
+    limit) where that one `fits` (the caller's account); where it does not, `out` with the bound it proves."""
+    proved = fixing.prove(ip, out, _fixing_ranges(search, out.objective), name, deadline, work_limit=work_limit)
+    if proved is not None and fits(_as_given(exact, proved)):
+        return proved
+    if proved is not None:  # its answer does not fit the account: the bound it proves still holds
+        out.raise_bound(proved.bound, GAP_TOLERANCE)
+        out.message = "; ".join(m for m in (out.message, "lower bound from the flat ILP over the options that can "
+                                            "beat it, whose answer the plan's accounting does not fit") if m)
+    return out
 
 
 def _fixing_ranges(search: PricedSolve, target: float) -> list[tuple[float, Price]]:

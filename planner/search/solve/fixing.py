@@ -100,13 +100,18 @@ def restrict(ip: IndexedProblem, keep: list[np.ndarray]) -> IndexedProblem:
     return out
 
 
+def applies(ip: IndexedProblem) -> bool:
+    """Whether `prove` runs on `ip`: at most _MAX_BLOCKS blocks (it enumerates their checkpointed sets)."""
+    return len(ip.block_nodes) <= _MAX_BLOCKS
+
+
 def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], solver: str,
-          deadline: float) -> Solution | None:
+          deadline: float, work_limit: int | None = None) -> Solution | None:
     """`sol` proven optimal, or a faster answer, from the flat ILP over the options and pairs of options that
     can beat it (`option_bounds`, `pair_bounds`), with the answer's own kept and the answer as its start; None where there are
     more than _MAX_BLOCKS blocks. The figures are `ip`'s; the bound is the ILP's over what is left, or the
     answer's time where that is lower (everything cut is at least that slow)."""
-    if len(ip.block_nodes) > _MAX_BLOCKS or not sol.choice:
+    if not applies(ip) or not sol.choice:
         return None
     start = time.perf_counter()
     target = sol.objective
@@ -123,7 +128,7 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
             allowed[k] = bnd[np.ix_(keep[e.src], keep[e.dst])] < target
             allowed[k][initial[e.src], initial[e.dst]] = True
     flat = solve_built(left, functools.partial(build_flat, left, allowed=allowed), solver=solver, deadline=deadline,
-                       method="flat", initial=(initial, ckpt), work_limit=None, options=PROVE_OPTIONS)
+                       method="flat", initial=(initial, ckpt), work_limit=work_limit, options=PROVE_OPTIONS)
     if flat.status not in ("optimal", "feasible") or not flat.choice:
         return None
     picked = [int(keep[v][flat.choice[n]]) for v, n in enumerate(ip.names)]

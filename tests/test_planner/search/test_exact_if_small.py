@@ -1,8 +1,8 @@
-"""Small problems are answered exactly: with method "auto", a priced answer not proven within 1 % is handed
-to the flat ILP as its start where that ILP is small (`planner.search.solve.EXACT_FLAT_PAIRS`). The built-in
-mlp on 2x2x2 at 2x and 4x its smallest budget (162,112 B on 8 ranks): the priced search alone (its piece
-swaps included) ends at the optimum or 0.1 % above it with a 3-33 % gap; auto finds the flat ILP's optimum,
-at 2x proven within 0.1 % (at 4x the refinement's work limit leaves a smaller gap)."""
+"""Small problems are answered exactly. The built-in mlp on 2x2x2 at 2x and 4x its smallest budget (162,112 B on
+8 ranks), where the priced search's own answer is 3-4 % above the optimum (0.1161 and 0.0893 ms): method
+"priced" and "auto" both end at the flat ILP's optimum, proven, through the flat ILP over the options that can
+beat the answer (`fixing.prove`, by default on problems of at most four blocks); "auto" first hands a small flat
+ILP the answer as its start (`planner.search.solve.EXACT_FLAT_PAIRS`)."""
 
 from __future__ import annotations
 
@@ -30,16 +30,12 @@ def problem():
 
 
 @pytest.mark.parametrize("factor", [2, 4])
-def test_auto_is_the_flat_optimum_where_the_priced_search_is_not_proven(problem, factor: int) -> None:
+def test_small_problems_end_at_the_flat_optimum_proven(problem, factor: int) -> None:
     budget = SMALLEST * factor
     assert flat_pairs(IndexedProblem(problem, budget)) <= EXACT_FLAT_PAIRS
-    priced = solve(problem, budget=budget, method="priced")
     flat = solve(problem, budget=budget, method="flat")
-    auto = solve(problem, budget=budget)
     assert flat.status == "optimal"
-    assert priced.status == "feasible" and priced.gap > 0.01  # what the priced search alone proves
-    assert priced.objective >= flat.objective * (1 - 1e-9)  # with its piece swaps at or near it, not proven
-    assert auto.objective == pytest.approx(flat.objective, rel=1e-9) and auto.peak_bytes <= budget
-    assert auto.bound >= priced.bound and auto.gap < priced.gap
-    if factor == 2:
-        assert auto.gap <= 1e-3
+    for method in ("priced", "auto"):
+        sol = solve(problem, budget=budget, method=method)
+        assert sol.objective == pytest.approx(flat.objective, rel=1e-9) and sol.peak_bytes <= budget, method
+        assert sol.status == "optimal" and sol.gap <= 1e-4, method

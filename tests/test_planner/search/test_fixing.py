@@ -64,15 +64,17 @@ def test_a_restricted_problem_measures_its_assignments_as_the_whole_one() -> Non
         assert evaluate_indexed(small, local, ckpt) == evaluate_indexed(ip, [int(k[i]) for k, i in zip(keep, local)], ckpt)
 
 
+@pytest.mark.parametrize("prove", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 5])  # (seed 4 draws a budget nothing fits)
-def test_prove_returns_the_optimum_proven(seed: int) -> None:
+def test_prove_returns_the_optimum_proven(seed: int, prove: bool) -> None:
     """Random problems where the priced search alone ends 5-11 % above its bound (one of them above the
-    optimum): with `prove` the brute-force optimum, status optimal."""
+    optimum): the brute-force optimum, status optimal, with `prove` and without (at most four blocks: the
+    same flat ILP over what can beat the answer, with a work limit these small ILPs stay far below)."""
     rng = np.random.default_rng(900 + seed)
     problem = repeated_blocks(rng, n_blocks=3, block_nodes=3, choices=3, residual=seed % 2 == 0,
                               budget_fraction=float(rng.uniform(0.45, 0.8)))
     ref = brute_force(problem)
     assert ref.status == "optimal"
-    sol = solve(problem, method="priced", prove=True)
+    sol = solve(problem, method="priced", prove=prove)
     assert sol.status == "optimal" and sol.gap <= 1e-6
     assert sol.objective == pytest.approx(ref.objective, rel=1e-9) and sol.peak_bytes <= problem.budget_bytes
