@@ -48,14 +48,13 @@ _GRACE_S = 5.0  # past time_limit per solve, before a worker is stopped
 _BEATEN_MARGIN = 1e-9  # a mesh stops when its lower bound exceeds another mesh's plan by this much (relative)
 _ROOM = 0.01  # the formulas counting this share of the budget more than the best plan: worth one more solve
 _ROOM_GAP = 0.01  # ... unless its answer is proven this close to the formulas' optimum
-# ... or, for a model of at most _ROOM_BLOCKS repeated blocks (where the second solve is cheap), even then where
-# the room is over _ROOM_PROVEN of the budget: a proven answer of the formulas can be far from the fastest plan
-# the accounting fits (tiny HF LLaMA, 8 ranks, 4x its smallest budget, proven optimal, room 5.5 %: 0.0412 ->
-# 0.0371 ms; tiny HF BERT, room 9.1 %: 0.0300 -> 0.0269 ms; tiny HF GPT-NeoX, 64 ranks, 1.25x, room 3.2 %:
-# 2.7004 -> 2.5085 ms), where less room bought nothing (tiny HF BERT on 64 ranks at 1.25x, room 1.7 %: 7 ->
-# 33 s CPU for the same plan). Small models' answers are mostly proven by default (`fixing.prove`).
+# ... or, for a model of at most _ROOM_BLOCKS repeated blocks (where the second solve is cheap), even then: a
+# proven answer of the formulas can be far from the fastest plan the accounting fits (tiny HF LLaMA, 8 ranks,
+# 4x its smallest budget, proven optimal, room 5.5 %: 0.0412 -> 0.0371 ms; tiny HF BERT, room 9.1 %: 0.0300 ->
+# 0.0269 ms; at 2x, room 1.2 %: 0.2142 -> 0.2041 ms; tiny HF GPT-NeoX, 64 ranks, 1.25x, room 3.2 %: 2.7004 ->
+# 2.5085 ms). The room does not tell where it pays: tiny HF BERT on 64 ranks at 1.25x, room 1.7 %, takes 5 ->
+# 33 s CPU for the same plan. Small models' answers are mostly proven by default (`fixing.prove`).
 _ROOM_BLOCKS = 4
-_ROOM_PROVEN = 0.02
 
 
 @dataclass
@@ -231,16 +230,15 @@ def use_room(best: MeshResult, budget: int, job: Callable[[Mesh, int], MeshResul
     the first: LLaMA-3-8B on 64 ranks at 40 GiB, gap 0.15 %, 5.7 -> 13.5 s for a 0.8 % faster plan; HF
     LLaMA, 8 ranks, at 2x its smallest budget, gap 40 %: the formulas counted 7.8 % of the budget more, and
     the plan comes out 24 % faster). Also where it is proven, with `proven_too` (`plan(prove=True)`, where
-    answers are proven optimal for the formulas), or for a model of at most _ROOM_BLOCKS repeated `blocks`
-    where the room is over _ROOM_PROVEN of the budget: the loosened solve is what finds the faster plan the
-    accounting allows."""
+    answers are proven optimal for the formulas), or for a model of at most _ROOM_BLOCKS repeated `blocks`:
+    the loosened solve is what finds the faster plan the accounting allows."""
     if best.plan is None or best.peak is None:
         return best
     gap = best.plan.solver.gap
     room = best.peak - best.plan.predicted.bound_bytes
     if room <= _ROOM * budget:
         return best
-    small = blocks is not None and blocks <= _ROOM_BLOCKS and room > _ROOM_PROVEN * budget
+    small = blocks is not None and blocks <= _ROOM_BLOCKS
     if gap is not None and gap <= _ROOM_GAP and not (proven_too or small):  # proven within 1 % of the optimum
         return best
     roomier = job(best.mesh, room)
