@@ -68,9 +68,9 @@ EXACT_WORK = 500_000  # ... with an eighth of the flat ILP's usual work (milp.WO
 # Where the problem has at most four blocks (`fixing.applies`), an answer not proven within EXACT_GAP is handed
 # to reduced-cost fixing and the flat ILP over what can beat it (`fixing.prove`) with this much work, before
 # the piece swaps (`PricedSolve.improve`, which then run only where it is still not proven within EXACT_GAP).
-# With prove=True, after the swaps and without a work limit. Half the flat ILP's usual work: on four saved ILPs of the tiny HF models
-# (2x2x2, 1.25-2x) it proves three (an eighth proves none, a quarter one; the full work limit also proves the
-# fourth, HF LLaMA at 2x, in 20 s CPU).
+# With prove=True, after the swaps and without a work limit. Half the flat ILP's usual work: on four saved
+# ILPs of the tiny HF models (2x2x2, 1.25-2x) it proves three (an eighth proves none, a quarter one; the full
+# work limit also proves the fourth, HF LLaMA at 2x, in 20 s CPU).
 PROVE_WORK = WORK_LIMIT // 2
 # solves at most per call: the budget, then tightened by what an answer was found to take beyond it
 FIT_ROUNDS = 4

@@ -4,8 +4,9 @@ The priced search's lower bound is Lagrangian: for a range [floor, cap] of max-t
 (1, b, c, cap) (`priced_bound.banded_bound`'s ranges, or the best price over all levels), every fitting
 assignment x whose max term lies in the range has time(x) >= price_bound(S(x)), S its priced sum
 a·time + b·additive bytes + c·recomputed bytes. S(x) is at least the least priced sum over the assignments
-that give node v the option x_v: v's min-marginal, one variable elimination over the whole problem with v
-kept (per set of checkpointed blocks: a block's flag changes every one of its nodes' costs). So an option
+that give node v the option x_v: v's min-marginal (per set of checkpointed blocks: a block's flag changes
+every one of its nodes' costs; every node's and edge's from one elimination over the whole problem and its
+pass back, `eliminate.min_marginals`). So an option
 whose bound is at least the answer's time in every range is in no faster answer (reduced-cost fixing), and
 the flat ILP over the options left (`restrict`), started from the answer, either finds a faster one or proves
 that none exists. The same holds for a pair of options on an edge, from the min-marginal of its two nodes
@@ -108,9 +109,10 @@ def applies(ip: IndexedProblem) -> bool:
 def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], solver: str,
           deadline: float, work_limit: int | None = None) -> Solution | None:
     """`sol` proven optimal, or a faster answer, from the flat ILP over the options and pairs of options that
-    can beat it (`option_bounds`, `pair_bounds`), with the answer's own kept and the answer as its start; None where there are
-    more than _MAX_BLOCKS blocks. The figures are `ip`'s; the bound is the ILP's over what is left, or the
-    answer's time where that is lower (everything cut is at least that slow)."""
+    can beat it (`option_bounds`, `pair_bounds`), with the answer's own kept and the answer as its start
+    (`work_limit`: its work, None for none); None where there are more than _MAX_BLOCKS blocks. The figures
+    are `ip`'s; the bound is the ILP's over what is left, or the answer's time where that is lower (everything
+    cut is at least that slow)."""
     if not applies(ip) or not sol.choice:
         return None
     start = time.perf_counter()

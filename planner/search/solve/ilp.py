@@ -96,7 +96,7 @@ class IlpBuilder:
         self.memory = LinExpr()  # bytes, without the max term
         self.tops: list[tuple[LinExpr, float]] = []  # T >= expr (bytes), with an upper bound of expr
         self.top_floor = 0.0  # T >= this constant
-        self._pairs: dict[tuple[bytes, bytes], np.ndarray] = {}  # pair_vars by their two vectors
+        self._pairs: dict[tuple[bytes, bytes, bytes], np.ndarray] = {}  # pair_vars by their vectors and mask
 
     def one_hot(self, n: int) -> np.ndarray:
         """An indicator vector choosing exactly one of n options (the constant [ONE] when n == 1)."""
