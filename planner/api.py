@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -209,9 +209,11 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
         results = [by_mesh.get(r.mesh, r) for r in results]
         best = _fastest(results)
     if best is not None:
-        best = use_room(best, budget_bytes, lambda m, room: plan_mesh(m, build, assemble, budget_bytes, solver=solver,
-                                                                     time_limit=time_limit, loosen=room, prove=prove),
-                        proven_too=prove, blocks=len(graph.blocks))
+        def again(m: Mesh, room: int, known: Solution, beaten: Callable[[float], bool]) -> MeshResult:
+            return plan_mesh(m, build, assemble, budget_bytes, solver=solver, time_limit=time_limit, loosen=room,
+                             prove=prove, known=known, beaten=beaten)
+
+        best = use_room(best, budget_bytes, again, proven_too=prove, blocks=len(graph.blocks))
     leasts = [r.least for r in results if r.least is not None]
     min_budget = min(leasts) if leasts else None
     errors = [f"mesh {r.mesh}: {r.error}" for r in results if r.error]

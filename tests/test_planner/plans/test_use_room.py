@@ -51,13 +51,15 @@ def test_a_proven_answer_is_solved_again_only_for_a_small_model() -> None:
     faster = meshes.MeshResult(mesh, SimpleNamespace(), objective=0.9)
     asked: list[int] = []
 
-    def job(m, room: int) -> meshes.MeshResult:
+    def job(m, room: int, known, beaten) -> meshes.MeshResult:
         asked.append(room)
+        # the loosened solve starts from the best answer and stops once it cannot beat it
+        assert known.peak_bytes == 900_000 + room and beaten(1.0 + 1e-6) and not beaten(1.0)
         return faster
 
     def proven(room: int) -> meshes.MeshResult:
-        answer = SimpleNamespace(solver=SimpleNamespace(gap=0.0), predicted=SimpleNamespace(bound_bytes=900_000))
-        return meshes.MeshResult(mesh, answer, objective=1.0, peak=900_000 + room)
+        plan = SimpleNamespace(solver=SimpleNamespace(gap=0.0), predicted=SimpleNamespace(bound_bytes=900_000))
+        return meshes.MeshResult(mesh, plan, objective=1.0, answer=SimpleNamespace(peak_bytes=900_000 + room))
 
     assert meshes.use_room(proven(60_000), budget, job, blocks=2) is faster and asked == [60_000]
     assert meshes.use_room(proven(60_000), budget, job, blocks=12, proven_too=True) is faster
