@@ -21,6 +21,7 @@ stopped in its first round instead of solved three times).
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import multiprocessing as mp
 import os
@@ -74,6 +75,12 @@ class MeshResult:
     least_peak: int | None = None  # with `narrow`: the solver's formulas' peak for that least-memory answer
 
 
+def beats(objective: float, bound: float) -> bool:
+    """Whether a plan of step time `objective` is faster than every plan of a search whose lower bound is `bound`
+    (relative margin _BEATEN_MARGIN, above the solvers' float noise)."""
+    return bound > objective * (1 + _BEATEN_MARGIN)
+
+
 class Incumbent:
     """The fastest step time (seconds) of a plan that fits found so far on any mesh, in shared memory that
     forked workers read and lower. `beaten(bound)`: is that plan faster than every plan a mesh whose
@@ -88,7 +95,7 @@ class Incumbent:
                 self._best.value = min(self._best.value, result.objective)
 
     def beaten(self, bound: float) -> bool:
-        return bound > self._best.value * (1 + _BEATEN_MARGIN)
+        return beats(self._best.value, bound)
 
 
 class _PlanAccount:
@@ -247,7 +254,7 @@ def use_room(best: MeshResult, budget: int, job: Callable[[Mesh, int, Solution, 
     small = blocks is not None and blocks <= _ROOM_BLOCKS
     if gap is not None and gap <= _ROOM_GAP and not (proven_too or small):  # proven within 1 % of the optimum
         return best
-    roomier = job(best.mesh, room, best.answer, lambda bound: bound > best.objective * (1 + _BEATEN_MARGIN))
+    roomier = job(best.mesh, room, best.answer, functools.partial(beats, best.objective))
     return roomier if roomier.plan is not None and roomier.objective < best.objective else best
 
 

@@ -313,7 +313,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
         if sol is None:
             starts = _flat_starts(ip)
             if known is not None and known.choice and known.peak_bytes <= budget:
-                starts["initial"] = ([known.choice[n] for n in ip.names], [ip.block_index(b) for b in known.checkpointed])
+                starts["initial"] = ip.vectors(known.choice, known.checkpointed)
             sol = solve_built(ip, functools.partial(build_flat, ip), solver=name, deadline=deadline, method="flat",
                               **starts)
     return _as_given(exact, sol), lift
@@ -323,8 +323,7 @@ def _as_given(exact: IndexedProblem, sol: Solution) -> Solution:
     """`sol` with its objective and peak those of the problem as given (`exact`, unfolded): folding reorders
     float sums in the last bits."""
     if sol.choice:
-        vec = [sol.choice[name] for name in exact.names]
-        sol.objective, sol.peak_bytes, _ = evaluate_indexed(exact, vec, [exact.block_index(b) for b in sol.checkpointed])
+        sol.objective, sol.peak_bytes, _ = evaluate_indexed(exact, *exact.vectors(sol.choice, sol.checkpointed))
     return sol
 
 
@@ -382,8 +381,8 @@ def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name:
     Where it does not, `out` with the bound it proves, and the same ILP again under the budget tightened by
     what the account counted beyond the formulas (at least doubling, FIT_ROUNDS in all, as `solve`'s rounds;
     by at most RETRY_SHRINK of the budget) while the last answer beats `out` by over EXACT_GAP (a tightened
-    ILP's answer is no faster): the first faster answer the account fits is taken. The tightened ILPs' bounds hold for their budgets only:
-    not taken. (HF BERT on 64 ranks, 8x8, at its smallest budget: 256 B over, and again: 52.57 -> 51.45 ms.)"""
+    ILP's answer is no faster): the first faster answer the account fits is taken. The tightened ILPs' bounds
+    hold for their budgets only: not taken. (HF BERT on 64 ranks, 8x8, at its smallest budget: 256 B over, and again: 52.57 -> 51.45 ms.)"""
     ranges = _fixing_ranges(search, out.objective)
     proved = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit)
     if proved is None:
@@ -444,7 +443,7 @@ def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: floa
     answer found elsewhere beats its lower bound already (`solve`'s `beaten`): no answer here could win."""
     if not _worth_refining(sol, beaten) or flat_pairs(ip) > EXACT_FLAT_PAIRS:
         return sol
-    start = ([sol.choice[n] for n in ip.names], [ip.block_index(b) for b in sol.checkpointed])
+    start = ip.vectors(sol.choice, sol.checkpointed)
     flat = solve_built(ip, functools.partial(build_flat, ip), solver=name, deadline=deadline,
                        method="flat", initial=start, work_limit=EXACT_WORK)
     if flat.status not in ("optimal", "feasible") or flat.peak_bytes > ip.budget:

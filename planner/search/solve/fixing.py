@@ -117,8 +117,7 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
         return None
     start = time.perf_counter()
     target = sol.objective
-    choice = [sol.choice[n] for n in ip.names]
-    ckpt = [ip.block_index(b) for b in sol.checkpointed]
+    choice, ckpt = ip.vectors(sol.choice, sol.checkpointed)
     bounds, pairs = _bounds(ip, ranges)
     keep = [np.flatnonzero((bnd < target) | (np.arange(len(bnd)) == c)) for bnd, c in zip(bounds, choice)]
     left = restrict(ip, keep)

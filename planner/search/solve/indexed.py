@@ -9,7 +9,7 @@ between the same pair of nodes are merged (their matrices summed): the formulas 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -230,6 +230,11 @@ class IndexedProblem:
         """The shared inputs kept by the checkpointed blocks `checkpointed` (problem.py's formula)."""
         ckpt = set(checkpointed)
         return sum(int(nbytes[choice[v]]) for v, nbytes, blocks in self.shared if blocks & ckpt)
+
+    def vectors(self, choice: Mapping[str, int], checkpointed: Iterable[str]) -> tuple[list[int], list[int]]:
+        """An assignment by names (a `Solution`'s choice and checkpointed blocks) as indices: the choice per node
+        in `names` order, and the checkpointed blocks' indices."""
+        return [choice[n] for n in self.names], [self.block_index(b) for b in checkpointed]
 
     def block_index(self, name: str) -> int:
         """The index of the block called `name` (ProblemError if unknown)."""

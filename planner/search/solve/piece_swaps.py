@@ -48,7 +48,7 @@ def improve(runs: PricedRuns, sol: Solution, solver: str, deadline: float, rel_g
     time, whether an ILP stopped at a limit), or None. `rel_gap(upper)`: the gap at which an ILP may stop;
     `late()`: stop."""
     ip = runs.ip
-    best = ([sol.choice[n] for n in ip.names], [ip.block_index(b) for b in sol.checkpointed], sol.objective)
+    best = (*ip.vectors(sol.choice, sol.checkpointed), sol.objective)
     options = piece_options(runs)
     best, found, cut = _rounds(runs, runs._outer(None), options, best, solver, deadline, rel_gap, late, False)
     if pins and not late() and pinned.pin_columns(runs, best[2] * (1 - GAP_TOLERANCE), late):
