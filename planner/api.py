@@ -209,9 +209,9 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
         results = [by_mesh.get(r.mesh, r) for r in results]
         best = _fastest(results)
     if best is not None:
-        def again(m: Mesh, room: int, known: Solution, beaten: Callable[[float], bool]) -> MeshResult:
+        def again(m: Mesh, room: int, known: Solution, beaten: Callable[[float], bool], apart: bool) -> MeshResult:
             return plan_mesh(m, build, assemble, budget_bytes, solver=solver, time_limit=time_limit, loosen=room,
-                             prove=prove, known=known, beaten=beaten)
+                             prove=prove, known=known, beaten=beaten, apart=apart)
 
         best = use_room(best, budget_bytes, again, proven_too=prove, blocks=len(graph.blocks))
     leasts = [r.least for r in results if r.least is not None]

@@ -7,9 +7,9 @@ Per mesh:
    hand it (element-wise, shape ops, dropout, softmax, ...) joins that group and takes, for each of the
    group's choices, the strategy that needs no conversion (Alpa's "follow" merging). Everything else is
    its own decision.
-3. Price each choice of each decision (sum over its ops' `OpCost`s) and each edge between two decisions
-   (a matrix of redistribution costs over their choices; a tied weight's copy, a working set on an
-   edge from its owner's decision to its second user's).
+3. Price each choice of each decision (sum over its ops' `OpCost`s: `planner.search.price_nodes`) and
+   each edge between two decisions (a matrix of redistribution costs over their choices; a tied weight's
+   copy, a working set on an edge from its owner's decision to its second user's).
 4. Map the captured repeated blocks onto decisions, with the bytes a checkpointed block keeps (its input,
    and the tensors from outside it shares with other blocks).
 
@@ -19,7 +19,7 @@ takes under every choice, so a solution can be turned back into per-op assignmen
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,25 +30,17 @@ from cost_models.layout import Layout
 from cost_models.memory import conversion_pair_working_set
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
-from cost_models.optimizer import op_optimizer_bytes, resolve_optimizer, solver_optimizer_bytes
+from cost_models.optimizer import resolve_optimizer
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
-from cost_models.strategy import HEAVY_SCHEMES, OpCost, SavedTensor, Strategy
+from cost_models.strategy import OpCost, SavedTensor, Strategy
+from planner.search.decisions import Decision, Enumerated, Grouped
+from planner.search.price_nodes import _out_layout, price_choices, producer_keys
 from planner.search.schemes import SchemeError, SchemeUnavailable, expand_schemes, restrict_schemes
-from planner.search.solve.problem import Block, Choice, Problem, ProblemEdge, ProblemNode, SharedInput
+from planner.search.solve.problem import Block, Problem, ProblemEdge, ProblemNode, SharedInput
 from planner.search.tied import copy_bytes, tied_uses
 from planner.trace.graph import ModelGraph
 
 __all__ = ["BuiltProblem", "Decision", "build_problem", "expand_schemes", "SchemeError", "SchemeUnavailable"]
-
-
-@dataclass
-class Decision:
-    """A group of ops decided together: `members[k][c]` is the strategy index of member k under choice c."""
-
-    name: str
-    ops: list[str]
-    members: list[list[int]]
-    block: str | None
 
 
 @dataclass
@@ -66,6 +58,9 @@ class BuiltProblem:
     # `problem` with the optimizer step counted in its memory row too (None when the step holds nothing
     # beyond the states): `solve`'s fallback where the step is what an answer does not fit
     step_problem: Problem | None = None
+    # `problem` and `step_problem` with each decision counting every tensor it saves, also one an earlier
+    # decision of its block may save (`price_choices`); None where no decision shares a saved tensor
+    apart: tuple[Problem, Problem | None] | None = None
 
     def strategy_of(self, choice: dict[str, int]) -> dict[str, int]:
         """Per-op strategy index for a per-decision choice."""
@@ -75,12 +70,6 @@ class BuiltProblem:
             for op, idx in zip(d.ops, d.members):
                 out[op] = idx[c]
         return out
-
-
-def _out_layout(strategy: Strategy, producer: OpNode, consumer: OpNode) -> Layout:
-    if len(strategy.outputs) > 1 and consumer.kind == "getitem":
-        return strategy.outputs[int(consumer.attrs["index"])]
-    return strategy.outputs[0]
 
 
 def _distinct(items: list) -> tuple[list, np.ndarray]:
@@ -159,13 +148,6 @@ def _add_edge(edge_mats: dict, pair: tuple[str, str], cost: np.ndarray, rec: np.
 UNIFORM_GROUPS = list(schemes_mod.UNIFORM_GROUPS)
 
 
-def _labels(d: Decision, strategies: dict[str, list[Strategy]]) -> list[str] | None:
-    """The heavy scheme of each choice of a decision led by a heavy op (None for other decisions)."""
-    head = strategies[d.ops[0]]
-    labels = [head[k].scheme for k in d.members[0]]
-    return labels if any(x in HEAVY_SCHEMES for x in labels) else None
-
-
 def _join_producer(op: OpNode, found: list[Strategy], nodes: dict[str, OpNode],
                    strategies: dict[str, list[Strategy]], decisions: dict[str, Decision],
                    decision_of: dict[str, str]) -> bool:
@@ -197,26 +179,6 @@ def _join_producer(op: OpNode, found: list[Strategy], nodes: dict[str, OpNode],
     group.members.append(mapping)
     decision_of[op.name] = group.name
     return True
-
-
-@dataclass
-class Enumerated:
-    """Stage 1, per op in execution order: the strategies offered (and why others are not), their costs,
-    which ops copied both from the same op of the previous identical block, and the ops without a rule."""
-
-    strategies: dict[str, list[Strategy]]
-    not_offered: dict[str, list[str]]
-    costs: dict[str, list[OpCost]]
-    copied: dict[str, str]
-    unsupported: list[str]
-
-
-@dataclass
-class Grouped:
-    """Stage 2: ops decided together (a follower joins the decision of its only multi-choice producer)."""
-
-    decisions: dict[str, Decision]
-    decision_of: dict[str, str]
 
 
 def enumerate_ops(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, *, device: str, bytes_per_param: int,
@@ -272,55 +234,6 @@ def group_decisions(graph: ModelGraph, en: Enumerated) -> Grouped:
             g.decisions[op.name] = Decision(op.name, [op.name], [list(range(len(found)))], op.block)
             g.decision_of[op.name] = op.name
     return g
-
-
-def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int, optimizer: str
-                  ) -> tuple[list[ProblemNode], dict[str, str], list[ProblemNode] | None]:
-    """One ProblemNode per decision, its choices priced by summing its ops' costs; and, per decision
-    identical to one of the previous block (same template ops, same members), that decision's name; and
-    the same nodes with what their parameters make the optimizer step hold counted in their states or as
-    one more candidate of their transients (`cost_models.optimizer.solver_optimizer_bytes`): the memory row
-    of those covers the step too (the step problem, `BuiltProblem.step_problem`; None where no choice
-    differs)."""
-    pnodes: list[ProblemNode] = []
-    step_nodes: list[ProblemNode] = []
-    priced: dict[str, list[Choice]] = {}
-    with_step: dict[str, list[Choice]] = {}
-    same_decision: dict[str, str] = {}
-    step_differs = False
-    for d in g.decisions.values():
-        t_ops = [en.copied.get(op) for op in d.ops]
-        if all(t_ops) and t_ops[0] in g.decision_of:
-            dt = g.decisions[g.decision_of[t_ops[0]]]
-            if dt.ops == t_ops and dt.members == d.members:
-                same_decision[d.name] = dt.name
-                priced[d.name], with_step[d.name] = priced[dt.name], with_step[dt.name]
-                pnodes.append(ProblemNode(d.name, list(priced[d.name]), d.block, _labels(d, en.strategies)))
-                step_nodes.append(ProblemNode(d.name, list(with_step[d.name]), d.block, pnodes[-1].labels))
-                continue
-        choices, step_choices = [], []
-        for c in range(len(d.members[0])):
-            oc = [en.costs[op][idx[c]] for op, idx in zip(d.ops, d.members)]
-            step = [solver_optimizer_bytes(optimizer, op_optimizer_bytes(optimizer, x.param_elems, x.largest_param_elems,
-                                                                         bytes_per_param)) for x in oc]
-            saved: dict[str, int] = {}
-            for cost in oc:
-                for t in cost.saved:
-                    saved[t.key] = t.bytes
-            choices.append(Choice(
-                time_s=sum(x.time_s for x in oc),
-                recompute_s=sum(x.recompute_s for x in oc),
-                state_bytes=sum(x.state_bytes for x in oc),
-                saved_bytes=sum(saved.values()),
-                transient_bytes=max(x.transient_bytes for x in oc),
-            ))
-            step_choices.append(replace(choices[-1], state_bytes=choices[-1].state_bytes + sum(s for s, _ in step),
-                                        transient_bytes=max([choices[-1].transient_bytes] + [t for _, t in step])))
-            step_differs = step_differs or step_choices[-1] != choices[-1]
-        priced[d.name], with_step[d.name] = choices, step_choices
-        pnodes.append(ProblemNode(d.name, choices, d.block, _labels(d, en.strategies)))
-        step_nodes.append(ProblemNode(d.name, step_choices, d.block, pnodes[-1].labels))
-    return pnodes, same_decision, step_nodes if step_differs else None
 
 
 _NO_EDGE = (0.0, 0.0, 0)
@@ -478,14 +391,19 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
     mark_graph_hints(graph.nodes)  # fused q/k/v outputs and transposed matmul operands (idempotent)
     en = enumerate_ops(graph, mesh, hw, device=device, bytes_per_param=bytes_per_param, schemes=schemes)
     g = group_decisions(graph, en)
-    pnodes, same_decision, step_nodes = price_choices(en, g, bytes_per_param, resolve_optimizer(optimizer, device))
+    optimizer = resolve_optimizer(optimizer, device)
+    pnodes, same_decision, step_nodes = price_choices(en, g, bytes_per_param, optimizer, producer_keys(graph, en))
     pedges = price_edges(graph, mesh, hw, en, g, same_decision, input_mode)
     pedges += tied_edges(graph, mesh, en, g)
     blocks, shared = block_specs(graph, mesh, en, g)
-    problem = Problem(pnodes, pedges, blocks, int(budget_bytes), checkpointing=checkpointing,
-                      uniform_groups=UNIFORM_GROUPS, shared_inputs=shared)
-    step_problem = None if step_nodes is None else Problem(
-        step_nodes, pedges, blocks, int(budget_bytes), checkpointing=checkpointing, uniform_groups=UNIFORM_GROUPS,
-        shared_inputs=shared)
+
+    def problems(nodes: list[ProblemNode], step: list[ProblemNode] | None) -> tuple[Problem, Problem | None]:
+        return tuple(None if ns is None else Problem(ns, pedges, blocks, int(budget_bytes), checkpointing=checkpointing,
+                                                     uniform_groups=UNIFORM_GROUPS, shared_inputs=shared)
+                     for ns in (nodes, step))
+
+    problem, step_problem = problems(pnodes, step_nodes)
+    apart_nodes, _, apart_step = price_choices(en, g, bytes_per_param, optimizer)
+    apart = None if apart_nodes == pnodes else problems(apart_nodes, apart_step)
     return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,
-                        g.decision_of, en.unsupported, step_problem)
+                        g.decision_of, en.unsupported, step_problem, apart)

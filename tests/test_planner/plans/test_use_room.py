@@ -1,13 +1,11 @@
-"""Room the solver's formulas leave: where they count more than the plan's accounting for the best answer
-(a checkpointed layer's recompute peak is an upper bound: its nodes hold several ops, each counted with the
-whole node's activations), the winning mesh is solved once more with the
-budget loosened by the difference (`planner.plans.meshes.use_room`), and the faster answer that the plan's
-accounting still fits is kept.
+"""Room the solver's formulas leave: where they count more than the plan's accounting for the best answer, the
+winning mesh is solved once more with the budget loosened by the difference
+(`planner.plans.meshes.use_room`), and the faster answer that the plan's accounting still fits is kept.
 
-HF LLaMA on a 2x2x2 mesh at 5 MiB: the formulas count 205,312 B (3.9 % of the budget) more than the plan
-for the first answer; the plan with the second solve is faster (2.7 %) and fits, the one without it (room
-switched off) slower. (Before the recompute peak counted per node what is recomputed up to it, the
-formulas counted 10 % more there, and the second solve bought 5 %.)"""
+HF BERT on a 2x2x2 mesh at 4 MiB (cpu-gloo): the formulas count 130,816 B (3.1 % of the budget) more than the
+plan for the first answer; the plan with the second solve is faster (29.30 -> 23.14 ms) and fits, the one
+without it (room switched off) slower. (Written on HF LLaMA at 5 MiB, 3.9 % of room; since the formulas count
+once a tensor the q/k/v projections all save, that room is gone.)"""
 
 from __future__ import annotations
 
@@ -20,9 +18,9 @@ from planner.units import parse_bytes
 
 
 def test_the_room_left_by_the_formulas_buys_a_faster_plan(monkeypatch) -> None:
-    ex = build("hf-llama")
-    graph = capture(ex.model, ex.example_inputs, name="hf-llama")
-    budget = parse_bytes("5MiB")
+    ex = build("hf-bert")
+    graph = capture(ex.model, ex.example_inputs, name="hf-bert")
+    budget = parse_bytes("4MiB")
 
     def plan_it():
         return plan(graph, budget, world_size=8, hardware="cpu-gloo", meshes=["2x2x2"], workers=1)
@@ -51,8 +49,9 @@ def test_a_proven_answer_is_solved_again_only_for_a_small_model() -> None:
     faster = meshes.MeshResult(mesh, SimpleNamespace(), objective=0.9)
     asked: list[int] = []
 
-    def job(m, room: int, known, beaten) -> meshes.MeshResult:
+    def job(m, room: int, known, beaten, apart: bool) -> meshes.MeshResult:
         asked.append(room)
+        assert not apart  # the problem the answer is of (`MeshResult.apart`)
         # the loosened solve starts from the best answer and stops once it cannot beat it
         assert known.peak_bytes == 900_000 + room and beaten(1.0 + 1e-6) and not beaten(1.0)
         return faster

@@ -41,9 +41,10 @@ def test_swapped_answers_fit_and_are_never_slower(llama_problem, budget: int) ->
 
 
 def test_a_swapped_piece_makes_a_faster_answer(llama_problem) -> None:
-    search, sol = _search(llama_problem, 2_700_000)
+    search, sol = _search(llama_problem, 2_400_000)
     better = search.improve(sol, "highs", math.inf)
-    # 0.7194 -> 0.7132 ms when written; 0.7167 over the priced blocks alone
+    # 0.7741 -> 0.7727 ms (written at 2,700,000 B, 0.7194 -> 0.7132 ms, before the problem counted the tensor
+    # the q/k/v projections all save once)
     assert better.objective < sol.objective * (1 - 1e-3)
     # the blocks it uses are not all whole priced blocks: some block of the answer came from a swap
     priced = {(pt.p, pt.q, pt.choice) for cls in search._outer(None).points for pt in cls}

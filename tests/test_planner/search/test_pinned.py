@@ -22,7 +22,11 @@ from planner.search.solve.evaluate import FastEvaluator
 from planner.search.solve.indexed import IndexedProblem, fold_fixed_edges, fold_shared_inputs
 from planner.search.solve.price_sweep import PriceSweep
 
-NEOX_BUDGET = 2_500_000  # zoo HF GPT-NeoX on 2x2x2: 0.5861 ms by the piece swaps alone, 0.5694 ms with the pins
+NEOX_BUDGET = 2_500_000  # zoo HF GPT-NeoX on 2x2x2
+# ... where the pins make a faster answer: 0.4389 ms priced, 0.4389 by the piece swaps alone, 0.4359 ms with the
+# pins (at NEOX_BUDGET 0.5861 -> 0.5694 ms with the pins only, before the problem counted once a tensor several
+# decisions of a layer save: now the swaps alone find that answer there)
+PINS_BUDGET = 3_500_000
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +108,7 @@ def test_within_reach_keeps_every_block_of_a_faster_answer(seed: int) -> None:
 
 def test_pinned_columns_make_a_faster_answer(neox_problem, monkeypatch) -> None:
     def answer(pins: bool):
-        ip = _indexed(neox_problem, NEOX_BUDGET)
+        ip = _indexed(neox_problem, PINS_BUDGET)
         search = PricedSolve(ip, decompose(ip))
         sol = search.solve("highs", math.inf)
         if not pins:
@@ -115,7 +119,7 @@ def test_pinned_columns_make_a_faster_answer(neox_problem, monkeypatch) -> None:
 
     sol, without, _ = answer(pins=False)
     _, better, search = answer(pins=True)
-    assert better.objective < without.objective * (1 - 1e-2) and better.peak_bytes <= NEOX_BUDGET
+    assert better.objective < without.objective * (1 - 5e-3) and better.peak_bytes <= PINS_BUDGET
     time_s, peak, _ = evaluate(neox_problem, better.choice, better.checkpointed)
     assert time_s == pytest.approx(better.objective, rel=1e-9) and peak == better.peak_bytes
     assert better.bound == sol.bound

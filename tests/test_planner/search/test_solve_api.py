@@ -126,7 +126,7 @@ def test_a_plan_that_counts_less_than_the_solver_gets_the_room_back() -> None:
     def assemble(built: SimpleNamespace, sol) -> SimpleNamespace:
         return SimpleNamespace(predicted=SimpleNamespace(bound_bytes=sol.peak_bytes - over))
 
-    got = plan_mesh("mesh", lambda _: SimpleNamespace(problem=problem, step_problem=None), assemble, budget, solver="highs",
+    got = plan_mesh("mesh", lambda _: SimpleNamespace(problem=problem, step_problem=None, apart=None), assemble, budget, solver="highs",
                     time_limit=30.0)
     assert got.plan is not None and got.plan.predicted.bound_bytes <= budget
     problem.budget_bytes = budget + over  # the solver's budget that leaves the plan within `budget`
