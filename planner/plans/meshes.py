@@ -36,7 +36,7 @@ from cost_models.mesh import Mesh
 from planner.plans.assemble import solver_info
 from planner.plans.format import Plan
 from planner.search.build import BuiltProblem, SchemeUnavailable
-from planner.search.solve import Progress, Solution, solve
+from planner.search.solve import Progress, Solution, evaluate, solve
 from planner.search.solve.min_budget import SolveMemo
 
 __all__ = ["Incumbent", "MeshResult", "WorkerTraceback", "narrow_least", "plan_mesh", "plan_meshes", "use_room"]
@@ -137,27 +137,16 @@ class _PlanAccount:
         bound = plan.predicted.bound_bytes
         if (self.budget is not None and bound > self.budget and self.built.apart is not None
                 and not self.apart and not self.undercounted):
-            self.undercounted = self._short(sol, plan)
+            self.undercounted = self._short(sol)
         return bound
 
-    def _short(self, sol: Solution, plan: Plan) -> bool:
-        """Whether the problem counts fewer saved bytes than the plan at a decision that leaves a tensor to an
-        earlier one: the two take it in different layouts. Inside a checkpointed block the plan counts saved
-        bytes as its recomputation's and such a refusal is not told apart (the budget is tightened)."""
-        saved: dict[str, int] = {}
-        for a in plan.assignments:
-            saved[a.node] = a.cost.saved_bytes
-        index = {node.name: k for k, node in enumerate(self.problem.nodes)}
-        ckpt = set(sol.checkpointed)
-        for d in self.built.decisions:
-            if d.block in ckpt:
-                continue
-            k, c = index[d.name], sol.choice[d.name]
-            mine = self.problem.nodes[k].choices[c].saved_bytes
-            if (self.built.apart[0].nodes[k].choices[c].saved_bytes > mine
-                    and sum(saved.get(op, 0) for op in d.ops) > mine):
-                return True
-        return False
+    def _short(self, sol: Solution) -> bool:
+        """Whether the problem counts fewer bytes for this refused answer than the one counting apart: the
+        refusal may be the problem's counting a tensor once that two decisions take in different layouts (the
+        plan's saved bytes do not tell it apart inside a checkpointed block, where the plan counts them as the
+        recomputation's; where it is not, the solve counting apart costs one solve for the same plan)."""
+        return (evaluate(self.built.apart[0], sol.choice, sol.checkpointed)[1]
+                > evaluate(self.problem, sol.choice, sol.checkpointed)[1])
 
     def step_binds(self, sol: Solution) -> bool:
         """Whether the optimizer step sets `sol`'s bound: it holds more beside the states than the backward's

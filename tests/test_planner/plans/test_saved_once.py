@@ -63,30 +63,20 @@ def _counted_once(apart, seed: int):
 
 
 def _built(once, apart) -> SimpleNamespace:
-    """A built problem of one op per decision: `once` solved first, `apart` (or None) counting apart."""
-    decisions = [SimpleNamespace(name=n.name, ops=[n.name], block=n.block) for n in once.nodes]
-    return SimpleNamespace(mesh="mesh", problem=once, step_problem=None, decisions=decisions,
-                           apart=None if apart is None else (apart, None))
+    """A built problem: `once` solved first, `apart` (or None) counting apart."""
+    return SimpleNamespace(mesh="mesh", problem=once, step_problem=None, apart=None if apart is None else (apart, None))
 
 
 def _accounting(apart):
-    """The plan's accounting as `apart` counts: its peak, and per op (outside the checkpointed blocks) its saves."""
+    """The plan's accounting as `apart` counts: its peak."""
     def assemble(built, sol) -> SimpleNamespace:
-        choice = {n.name: n.choices[sol.choice[n.name]] for n in apart.nodes}
-        ops = [SimpleNamespace(node=name, cost=SimpleNamespace(saved_bytes=0 if node.block in sol.checkpointed
-                                                               else choice[name].saved_bytes))
-               for name, node in ((n.name, n) for n in apart.nodes)]
-        peak = evaluate(apart, sol.choice, sol.checkpointed)[1]
-        return SimpleNamespace(assignments=ops, predicted=SimpleNamespace(bound_bytes=peak))
+        return SimpleNamespace(predicted=SimpleNamespace(bound_bytes=evaluate(apart, sol.choice, sol.checkpointed)[1]))
     return assemble
 
 
-@pytest.mark.parametrize("seed", [0, 2])  # seeds where the tightened budget ends slower
+@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_answers_refused_for_a_tensor_counted_once_are_solved_counted_apart(seed: int) -> None:
-    # no checkpointing: inside a checkpointed block the plan counts saved bytes as its recomputation's, and such
-    # a refusal is not told apart from others (the budget is tightened, as before)
-    apart = repeated_blocks(np.random.default_rng(seed), n_blocks=4, block_nodes=4, choices=3, budget_fraction=0.9,
-                            checkpointing=False)
+    apart = repeated_blocks(np.random.default_rng(seed), n_blocks=4, block_nodes=4, choices=3, budget_fraction=0.7)
     once = _counted_once(apart, seed)
     budget = apart.budget_bytes
     best = solve(apart, budget=budget)  # the fastest answer the plan's accounting (here: counted apart) fits
