@@ -120,7 +120,7 @@ class _PlanAccount:
         self.memo = SolveMemo(self.problem)
         self.step_memo = SolveMemo(self.step_problem) if self.step_problem is not None else None
         self.budget: int | None = None
-        # an answer the plan's accounting refused had a tensor counted once that two decisions save apart
+        # an answer the plan's accounting refused may be short of a tensor counted once (`_short`)
         self.undercounted = False
 
     def solve(self, budget: int, **options: Any) -> Solution:
@@ -141,10 +141,10 @@ class _PlanAccount:
         return bound
 
     def _short(self, sol: Solution) -> bool:
-        """Whether the problem counts fewer bytes for this refused answer than the one counting apart: the
-        refusal may be the problem's counting a tensor once that two decisions take in different layouts (the
-        plan's saved bytes do not tell it apart inside a checkpointed block, where the plan counts them as the
-        recomputation's; where it is not, the solve counting apart costs one solve for the same plan)."""
+        """Whether the problem counts fewer bytes for this refused answer than the problem counting apart: it may
+        be refused for a tensor counted once that two decisions take in different layouts. (The plan's per-op
+        saved bytes would tell, but not inside a checkpointed block, where the plan counts them as the
+        recomputation's; where the refusal has another cause, the solve counting apart finds the same plan.)"""
         return (evaluate(self.built.apart[0], sol.choice, sol.checkpointed)[1]
                 > evaluate(self.problem, sol.choice, sol.checkpointed)[1])
 
