@@ -79,7 +79,7 @@ def _flat(graph, mesh, budget: int, cap: float) -> tuple[float | None, float | N
     fold_shared_inputs(ip)
     start = time.perf_counter()
     flat = solve_built(ip, functools.partial(build_flat, ip), solver="highs", deadline=start + cap, method="flat",
-                       initial=([auto.choice[n] for n in ip.names], [ip.block_index(b) for b in auto.checkpointed]),
+                       initial=ip.vectors(auto.choice, auto.checkpointed),
                        work_limit=None)
     best = flat.objective if flat.status == "optimal" else None
     return auto.objective, best, time.perf_counter() - start

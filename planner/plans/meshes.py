@@ -112,8 +112,9 @@ class _PlanAccount:
     def __init__(self, built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan],
                  apart: bool = False) -> None:
         self.built, self.assemble = built, assemble
-        # the problem solved: the mesh's, or (apart) the one with every decision counting what it saves
-        self.apart = apart and built.apart is not None
+        # the problem solved: the mesh's, or (apart, and always for more than _ONCE_BLOCKS blocks) the one with
+        # every decision counting what it saves
+        self.apart = (apart or len(built.problem.blocks) > _ONCE_BLOCKS) and built.apart is not None
         self.problem, self.step_problem = built.apart if self.apart else (built.problem, built.step_problem)
         self.last: tuple[Solution, Plan] | None = None
         # what the solves below find that does not depend on the budget (the least-memory answers), once each
@@ -177,7 +178,6 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
         built = build(mesh)
     except SchemeUnavailable as e:
         return MeshResult(mesh, unavailable=str(e))
-    apart = apart or len(built.problem.blocks) > _ONCE_BLOCKS
     account = _PlanAccount(built, assemble, apart=apart)
 
     def fit(cap: int, loosen: int = 0, known: Solution | None = None, stop: Callable[[float], bool] | None = beaten
@@ -187,7 +187,7 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
 
     # where the problem counts a saved tensor once that decisions may save apart, its solve stops at the first
     # answer the plan's accounting refuses for that, and the problem counting apart is solved (`_counted_apart`)
-    first = not apart and built.apart is not None and not loosen and known is None
+    first = built.apart is not None and not account.apart and not loosen and known is None
 
     def stop(bound: float) -> bool:
         return account.undercounted or (beaten is not None and beaten(bound))

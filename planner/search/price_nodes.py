@@ -8,6 +8,7 @@ counts it.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
 from cost_models.layout import Layout
@@ -44,7 +45,8 @@ def producer_keys(graph: ModelGraph, en: Enumerated) -> set[str]:
             for op in graph.nodes for src in dict.fromkeys(op.inputs) for strat in en.strategies[src]}
 
 
-def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int, optimizer: str, shareable: set[str] = frozenset()
+def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int, optimizer: str,
+                  shareable: AbstractSet[str] = frozenset()
                   ) -> tuple[list[ProblemNode], dict[str, str], list[ProblemNode] | None]:
     """One ProblemNode per decision, its choices priced by summing its ops' costs; and, per decision
     identical to one of the previous block (same template ops, same members), that decision's name; and

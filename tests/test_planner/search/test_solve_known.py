@@ -90,8 +90,7 @@ def test_a_fixing_answer_the_account_does_not_fit_is_solved_again_tighter(seed: 
     search = PricedSolve(ip, decompose(ip))
     assert search.solve("highs", math.inf).status in ("optimal", "feasible")  # its bound search prices the options
     least = solve(problem, budget=0)
-    slow, peak, _ = evaluate_indexed(ip, [least.choice[n] for n in ip.names],
-                                     [ip.block_index(b) for b in least.checkpointed])
+    slow, peak, _ = evaluate_indexed(ip, *ip.vectors(least.choice, least.checkpointed))
     assert peak <= budget
     out = Solution(status="feasible", choice=dict(least.choice), checkpointed=list(least.checkpointed),
                    objective=slow, peak_bytes=peak, gap=float("nan"))
