@@ -106,3 +106,30 @@ def test_a_model_of_many_blocks_is_solved_counted_apart_first() -> None:
     got = plan_mesh("mesh", lambda _: built, _accounting(apart), budget, solver="highs")
     assert got.apart and got.plan.predicted.bound_bytes <= budget
     assert got.objective == pytest.approx(solve(apart, budget=budget).objective, rel=1e-9)
+
+
+def test_the_solve_counting_apart_is_given_the_answer_that_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_counted_apart` hands the answer that fits to the solve counting apart (`known`), with its figures as that
+    problem counts them: its refinements then search only for faster answers. It returns that solve's answer
+    only where faster (here the optimum counted apart), and nothing where the answer it was given is that optimum."""
+    apart = repeated_blocks(np.random.default_rng(0), n_blocks=4, block_nodes=4, choices=3, budget_fraction=0.7)
+    once = _counted_once(apart, 0)
+    budget = apart.budget_bytes
+    best = solve(apart, budget=budget)
+    slower = solve(apart, budget=best.peak_bytes - 1)  # fits the budget too, and is slower
+    assert slower.status in ("optimal", "feasible") and slower.objective > best.objective
+    given = []
+    solved = meshes.solve
+
+    def recording(problem, **options):
+        given.append(options.get("known"))
+        return solved(problem, **options)
+
+    monkeypatch.setattr(meshes, "solve", recording)
+    built = _built(once, apart)
+    got = meshes._counted_apart(built, _accounting(apart), budget, slower, beaten=None, solver="highs")
+    known = given[-1]
+    assert known.choice == slower.choice and known.checkpointed == slower.checkpointed
+    assert (known.objective, known.peak_bytes) == evaluate(apart, slower.choice, slower.checkpointed)[:2]
+    assert got is not None and got.apart and got.objective == pytest.approx(best.objective, rel=1e-9)
+    assert meshes._counted_apart(built, _accounting(apart), budget, best, beaten=None, solver="highs") is None
