@@ -228,10 +228,12 @@ class IlpBuilder:
 
 
 def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
-               allowed: dict[int, np.ndarray] | None = None) -> BuiltModel:
+               allowed: dict[int, np.ndarray] | None = None, checkpointed: frozenset[int] | None = None) -> BuiltModel:
     """The flat ILP of the module docstring for `ip`. `allowed`: per edge (its index in `ip.edges`, both ends
     with several choices), a boolean matrix of the pairs of choices an answer may take; the others are ruled
-    out (`fixing.prove`: no faster answer takes them)."""
+    out (`fixing.prove`: no faster answer takes them). `checkpointed`: the blocks checkpointed, fixed (no
+    checkpoint binaries: every and-vector of a block in it is its node's one-hot, so the recompute peak rows
+    bind without the relaxation's fractional flags); None: chosen by the ILP."""
     allowed = allowed or {}
     b = IlpBuilder(ip)
     s = [b.one_hot(n) for n in ip.sizes]
@@ -247,16 +249,21 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
         b.pair_top(s[e.src], s[e.dst], e.transient, mask)
         if e.saved is not None:
             b.pair_cost(s[e.src], s[e.dst], e.saved.astype(float), b.memory, mask)
-    flags: list[int] = []
+    flags: list[int] = []  # per block: its checkpoint binary, or ONE / ZERO where `checkpointed` fixes it
     if ip.checkpointing:
         for blk, members in enumerate(ip.block_nodes):
-            c = int(b.model.add_vars(1, integer=True)[0])
+            if checkpointed is None:
+                c = int(b.model.add_vars(1, integer=True)[0])
+            else:
+                c = ONE if blk in checkpointed else ZERO
             flags.append(c)
+            if c == ZERO:
+                continue
             ands: dict[int, np.ndarray] = {}
 
             def land(v: int, c: int = c, ands: dict[int, np.ndarray] = ands) -> np.ndarray:
                 if v not in ands:
-                    ands[v] = b.and_vector(s[v], c)
+                    ands[v] = s[v] if c == ONE else b.and_vector(s[v], c)
                 return ands[v]
 
             for v in members:
@@ -289,6 +296,10 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
                 if ip.block_of[e.dst] == blk:
                     b.pair_cost(land(e.src), land(e.dst), e.recompute, b.time, allowed.get(k))
         for v, nbytes, blocks in ip.shared:
+            if checkpointed is not None:
+                if checkpointed & set(blocks):
+                    b.memory.add(s[v], nbytes.astype(float))
+                continue
             flag_exprs = []
             for blk in sorted(blocks):
                 expr = LinExpr()
@@ -299,11 +310,11 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
 
     def extract(x: np.ndarray) -> tuple[list[int], list[int]]:
         choice = [0 if len(ind) == 1 and ind[0] == ONE else int(np.argmax(x[ind])) for ind in s]
-        return choice, [blk for blk, c in enumerate(flags) if x[c] > 0.5]
+        return choice, [blk for blk, c in enumerate(flags) if c == ONE or (c >= 0 and x[c] > 0.5)]
 
     def encode(choice: list[int], ckpt: list[int]) -> dict[int, float]:
         values = {int(i): float(k == c) for ind, c in zip(s, choice) if ind[0] != ONE for k, i in enumerate(ind)}
-        values.update({c: float(blk in ckpt) for blk, c in enumerate(flags)})
+        values.update({c: float(blk in ckpt) for blk, c in enumerate(flags) if c >= 0})
         return values
 
     return BuiltModel(model, b.unit, extract, b.scale, encode)

@@ -12,7 +12,9 @@ from synthetic_problems import every_assignment, repeated_blocks
 from planner.search.solve import brute_force, fixing, solve
 from planner.search.solve.block_dp import Price
 from planner.search.solve.evaluate import evaluate_indexed
+from planner.search.solve.ilp import build_flat
 from planner.search.solve.indexed import IndexedProblem
+from planner.search.solve.milp import solve_milp
 from planner.search.solve.priced_bound import transient_levels
 
 
@@ -78,3 +80,53 @@ def test_prove_returns_the_optimum_proven(seed: int, prove: bool) -> None:
     sol = solve(problem, method="priced", prove=prove)
     assert sol.status == "optimal" and sol.gap <= 1e-6
     assert sol.objective == pytest.approx(ref.objective, rel=1e-9) and sol.peak_bytes <= problem.budget_bytes
+
+
+@pytest.mark.parametrize("seed, fraction", [(700, 0.8), (705, 0.6)])
+def test_a_set_bound_is_at_most_every_fitting_assignment_that_checkpoints_that_set(seed: int, fraction: float) -> None:
+    """`set_bounds`: per set of checkpointed blocks, each option's (and pair's) bound is at most the time of every
+    fitting assignment that checkpoints exactly that set and takes it; and some set's bounds rise above the least
+    over all sets (`option_bounds`), which is what lets `prove` skip whole sets."""
+    problem = repeated_blocks(np.random.default_rng(seed), n_blocks=2, block_nodes=3, choices=3, budget_fraction=fraction)
+    ip = IndexedProblem(problem)
+    m = len(ip.block_nodes)
+    floor = float(transient_levels(ip)[0])
+    scale = float(np.mean([t.mean() for t in ip.time])) / float(np.mean([s.mean() for s in ip.state]))
+    fitting = [(c, frozenset(k), t) for c, k, t, peak, _ in every_assignment(ip) if peak <= ip.budget]
+    raised = 0
+    for b in scale * np.geomspace(1e-2, 1e2, 5):
+        ranges = [(floor, Price(1.0, b, 0.5 * b / m))]
+        per_set = fixing.set_bounds(ip, ranges)
+        assert set(per_set) == set(fixing.checkpoint_sets(ip)) and len(per_set) == 2 ** m
+        for choice, ckpt, time_s in fitting:
+            nodes, pairs = per_set[ckpt]
+            assert all(nodes[v][c] <= time_s * (1 + 1e-9) for v, c in enumerate(choice))
+            assert all(pairs[k][choice[e.src], choice[e.dst]] <= time_s * (1 + 1e-9) for k, e in enumerate(ip.edges))
+        least = fixing.option_bounds(ip, ranges)
+        raised += sum(int((nodes[v] > least[v] + 1e-12).sum()) for nodes, _ in per_set.values() for v in range(ip.n))
+    assert raised > 0
+
+
+@pytest.mark.parametrize("seed, fraction", [(0, 0.8), (3, 0.7), (8, 0.8)])
+def test_the_flat_ilp_with_its_checkpointed_set_fixed_is_that_sets_optimum(seed: int, fraction: float) -> None:
+    """`build_flat(checkpointed=)`: for every set of blocks, the flat ILP with that set fixed finds the fastest
+    fitting assignment that checkpoints exactly it (brute force), or none where none fits."""
+    problem = repeated_blocks(np.random.default_rng(600 + seed), n_blocks=2, block_nodes=3, choices=3,
+                              residual=seed % 2 == 0, shared=[40, 80, 120], budget_fraction=fraction)
+    ip = IndexedProblem(problem)
+    best: dict[frozenset[int], float] = {}
+    for _, ckpt, time_s, peak, _ in every_assignment(ip):
+        if peak <= ip.budget:
+            best[frozenset(ckpt)] = min(best.get(frozenset(ckpt), np.inf), time_s)
+    assert len(best) >= 2  # several sets fit: the cases differ
+    for sets in fixing.checkpoint_sets(ip):
+        built = build_flat(ip, "time", ip.budget, checkpointed=sets)
+        res = solve_milp(built.model, work_limit=None)
+        if sets not in best:
+            assert res.status == "infeasible"
+            continue
+        assert res.status == "optimal"
+        choice, blocks = built.extract(res.x)
+        assert frozenset(blocks) == sets
+        time_s, peak, _ = evaluate_indexed(ip, choice, blocks)
+        assert peak <= ip.budget and time_s == pytest.approx(best[sets], rel=1e-9)
