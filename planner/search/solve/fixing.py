@@ -4,17 +4,18 @@ The priced search's lower bound is Lagrangian: for a range [floor, cap] of max-t
 (1, b, c, cap) (`priced_bound.banded_bound`'s ranges, or the best price over all levels), every fitting
 assignment x whose max term lies in the range has time(x) >= price_bound(S(x)), S its priced sum
 a·time + b·additive bytes + c·recomputed bytes. S(x) is at least the least priced sum over the assignments
-that give node v the option x_v: v's min-marginal (per set of checkpointed blocks: a block's flag changes
-every one of its nodes' costs; every node's and edge's from one elimination over the whole problem and its
-pass back, `eliminate.min_marginals`). So an option
-whose bound is at least the answer's time in every range is in no faster answer (reduced-cost fixing), and
-the flat ILP over the options left (`restrict`), started from the answer, either finds a faster one or proves
-that none exists. The same holds for a pair of options on an edge, from the min-marginal of its two nodes
-(`pair_bounds`): the ILP gets no variable for a pair that is cut, which rules it out. On HF LLaMA (2 layers,
-2x2x2, 1.25x its smallest budget) 500 of 1,018 options are left, and 2,110 of the 4,000 pairs between them;
-the flat ILP over them proves the optimum in 3.5 s (54 s over every option, 14 s over the options left). The
-same Lagrangian bound over the options left barely rises (0.5012 -> 0.5013 ms against the optimum 0.5383):
-the gap is the relaxation's, not the options', which is why the ILP does the proving.
+that give node v the option x_v and checkpoint the set C: v's min-marginal under C (a block's flag changes
+every one of its nodes' costs; every node's and edge's, under every set, from one elimination over the whole
+problem and its pass back, `eliminate.min_marginals`). So an option whose bound under C is at least the
+answer's time in every range is in no faster answer that checkpoints C (reduced-cost fixing), and the flat ILP
+over the options left with C fixed (`restrict`, `build_flat(checkpointed=C)`) either finds a faster one or
+proves that none exists; a set where some node keeps no option holds no faster answer at all. The same holds
+for a pair of options on an edge, from the min-marginal of its two nodes (`pair_bounds`): the ILP gets no
+variable for a pair that is cut, which rules it out. On HF LLaMA (2 layers, 2x2x2, 1.25x its smallest budget)
+500 of 1,018 options are left, and 2,110 of the 4,000 pairs between them. The same Lagrangian bound over the
+options left barely rises (0.5012 -> 0.5013 ms against the optimum 0.5383): the gap is the relaxation's, not
+the options', which is why the ILP does the proving; and one ILP per set proves faster than one with a
+checkpoint binary per block (`prove`).
 
 Sets of checkpointed blocks are enumerated, so this runs on problems of at most _MAX_BLOCKS blocks.
 """
