@@ -346,11 +346,11 @@ def _refine(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name
     if small:
         out = _fitting(exact, out, _exact_if_small(ip, out, name, deadline, beaten), over)
     if not prove and fixing.applies(ip) and _worth_refining(out, beaten):
-        out = _fixed(search, ip, exact, name, deadline, out, over, PROVE_WORK, EXACT_GAP)
+        out = _fixed(search, ip, exact, name, deadline, out, over, PROVE_WORK)
     if _worth_refining(out, beaten):
         out = _fitting(exact, out, search.improve(out, name, deadline), over)
     if prove and out.status == "feasible" and out.choice and not (beaten is not None and beaten(out.bound)):
-        out = _fixed(search, ip, exact, name, deadline, out, over, None, GAP_TOLERANCE)
+        out = _fixed(search, ip, exact, name, deadline, out, over, None)
     return sol if out is sol else _as_given(exact, out)
 
 
@@ -376,16 +376,16 @@ def _faster_known(exact: IndexedProblem, sol: Solution, known: Solution | None) 
 
 
 def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name: str, deadline: float,
-           out: Solution, over: Callable[[Solution], int], work_limit: int | None, gap: float) -> Solution:
+           out: Solution, over: Callable[[Solution], int], work_limit: int | None) -> Solution:
     """`out`, or the answer of the flat ILP over the options that can beat it (`fixing.prove`, with this work
-    limit, stopping within `gap` of its bound) where the caller's account fits that (`over`: the bytes it takes beyond the budget by the account).
+    limit) where the caller's account fits that (`over`: the bytes it takes beyond the budget by the account).
     Where it does not, `out` with the bound it proves, and the same ILP again under the budget tightened by
     what the account counted beyond the formulas (at least doubling, FIT_ROUNDS in all, as `solve`'s rounds;
     by at most RETRY_SHRINK of the budget) while the last answer beats `out` by over EXACT_GAP (a tightened
     ILP's answer is no faster): the first faster answer the account fits is taken. The tightened ILPs' bounds
     hold for their budgets only: not taken. (HF BERT on 64 ranks, 8x8, at its smallest budget: 256 B over, and again: 52.57 -> 51.45 ms.)"""
     ranges = _fixing_ranges(search, out.objective)
-    proved = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit, gap=gap)
+    proved = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit)
     if proved is None:
         return out
     excess = over(_as_given(exact, proved))
@@ -404,7 +404,7 @@ def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name:
             break
         tight = copy.copy(ip)
         tight.budget = ip.budget - shrink
-        proved = fixing.prove(tight, out, ranges, name, deadline, work_limit=work_limit, gap=gap)
+        proved = fixing.prove(tight, out, ranges, name, deadline, work_limit=work_limit)
         if proved is None:
             break
         excess = over(_as_given(exact, proved))

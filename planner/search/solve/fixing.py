@@ -123,7 +123,7 @@ def applies(ip: IndexedProblem) -> bool:
 
 
 def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], solver: str,
-          deadline: float, work_limit: int | None = None, gap: float = GAP_TOLERANCE) -> Solution | None:
+          deadline: float, work_limit: int | None = None) -> Solution | None:
     """`sol` proven optimal, or a faster answer, from one flat ILP per set of checkpointed blocks, each over the
     options and pairs of options that can beat the fastest answer so far with that set (`set_bounds`) and with
     the set fixed (`build_flat(checkpointed=)`): the answer's own set first, started from the answer, then the
@@ -131,9 +131,7 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
     keeps no option is skipped (nothing in it is faster). Once an ILP stops at its limit the rest are not solved
     (no proof can come of them, and the piece swaps look for faster answers next): they count with the bound
     their prices prove (HF LLaMA with 4 layers, 8 ranks, 2x: the 14 other sets took 7 s CPU and found
-    nothing). `work_limit`: each ILP's work (None for none); `gap`: the relative gap to its bound at which each ILP
-    stops (GAP_TOLERANCE, what counts as optimal, to prove; the default run takes EXACT_GAP: HF LLaMA with 4
-    layers, 8 ranks, 1.5x: 0.1 s and 0.72 % where proving took 60 s for an answer 0.05 % faster); None
+    nothing). `work_limit`: each ILP's work (None for none); None
     where there are more than _MAX_BLOCKS blocks. The figures are `ip`'s; the bound is the least over the sets
     of what each proves (its ILP's optimum or bound, or the answer's time where it could beat nothing).
 
@@ -162,7 +160,7 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
         if any(len(k) == 0 for k in keep):
             continue  # every assignment checkpointing this set takes at least `target`
         found, holds, note = _solve_set(ip, sets, keep, pairs, choice if mine else None, target, solver, deadline,
-                                        work_limit, gap)
+                                        work_limit)
         kept, solved = kept + sum(map(len, keep)), solved + 1
         limit = limit or note
         proves.append(min(holds, target))
@@ -173,8 +171,6 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
             break
     picked, blocks, time_s, peak = best
     proven = all(p >= time_s * (1 - GAP_TOLERANCE) for p in proves)
-    if not proven and not limit and gap > GAP_TOLERANCE:
-        limit = f"each ILP stops within {gap:.0%} of its bound (prove=True, --prove: proves)"
     bound = min([time_s, *proves])
     if not math.isfinite(bound):
         bound = sol.bound
@@ -191,13 +187,13 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
 
 
 def _solve_set(ip: IndexedProblem, sets: frozenset[int], keep: list[np.ndarray], pairs: list[np.ndarray],
-               start: list[int] | None, target: float, solver: str, deadline: float, work_limit: int | None,
-               gap: float) -> tuple[tuple[list[int], list[int], float, int] | None, float, str]:
+               start: list[int] | None, target: float, solver: str, deadline: float, work_limit: int | None
+               ) -> tuple[tuple[list[int], list[int], float, int] | None, float, str]:
     """The flat ILP over the options `keep` and the pairs of them that can beat `target`, with the blocks `sets`
     checkpointed: (its answer as (choice, blocks, time, peak) where one fits, else None; the least time the
     assignments checkpointing `sets` can hold, -inf where unknown; what stopped it, "" if nothing).
     `start`: the answer's choice, kept and handed to the ILP as its start (its set is `sets`); without one,
-    the ILP's cutoff is `target` (it prunes every branch that cannot beat it). It stops within `gap` of its bound."""
+    the ILP's cutoff is `target` (it prunes every branch that cannot beat it)."""
     left = restrict(ip, keep)
     position = [{int(j): i for i, j in enumerate(k)} for k in keep]
     initial = None if start is None else [position[v][c] for v, c in enumerate(start)]
@@ -210,8 +206,7 @@ def _solve_set(ip: IndexedProblem, sets: frozenset[int], keep: list[np.ndarray],
     built = build_flat(left, "time", left.budget, allowed=allowed, checkpointed=sets)
     mip_start = None if initial is None or built.encode is None else built.encode(initial, sorted(sets))
     res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), work_limit=work_limit,
-                     mip_start=mip_start, options=PROVE_OPTIONS, rel_gap=gap,
-                     cutoff=np.inf if start is not None else target * built.scale)
+                     mip_start=mip_start, options=PROVE_OPTIONS, cutoff=np.inf if start is not None else target * built.scale)
     found = None
     if res.x is not None:
         local, blocks = built.extract(res.x)
@@ -219,9 +214,8 @@ def _solve_set(ip: IndexedProblem, sets: frozenset[int], keep: list[np.ndarray],
         time_s, peak, _ = evaluate_indexed(ip, picked, blocks)
         if peak <= ip.budget:
             found = (picked, blocks, time_s, peak)
-    if res.status == "optimal":  # within `gap` of its bound: HiGHS reports that bound, CBC only the answer
-        holds = (res.bound / built.scale if res.solver == "highs" and np.isfinite(res.bound)
-                 else found[2] * (1 - gap) if found is not None else -math.inf)
+    if res.status == "optimal":  # its answer is the least in the set (`found`; one over the budget by the solver's
+        holds = found[2] if found is not None else -math.inf  # tolerance proves nothing)
     elif res.status == "infeasible":
         holds = target  # nothing kept fits (or beats the cutoff): the set's assignments all take at least `target`
     else:
