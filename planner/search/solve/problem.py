@@ -174,6 +174,21 @@ class Solution:
             self.message = "; ".join(m for m in self.message.split("; ") if m and m != NOT_PROVEN)
 
 
+    def widen_to(self, bound: float, tolerance: float, why: str) -> None:
+        """Take `bound` where it is lower than the bound held (or none is held): the bound of a wider problem,
+        whose optimum may lie below this answer's problem's (the problem counting tensors apart restricts the
+        one counting them once), is what holds for the answer the user gets. Not proven optimal any more where
+        the gap opens past `tolerance`; `why` says so in the message."""
+        if not math.isfinite(bound) or self.bound <= bound or self.status not in ("optimal", "feasible"):
+            return
+        self.bound = bound
+        self.gap = relative_gap(self.objective, bound)
+        if self.gap > tolerance:
+            if self.status == "optimal":  # its note said what proved it, for its own problem
+                self.status, self.message = "feasible", NOT_PROVEN
+            self.message = "; ".join(m for m in (self.message, why) if m)
+
+
 def relative_gap(objective: float, bound: float) -> float:
     """How far `objective` is above the lower bound `bound`, as a share of it (0 when not above it)."""
     return max(0.0, (objective - bound) / objective) if objective > 0 else 0.0

@@ -133,3 +133,31 @@ def test_the_solve_counting_apart_is_given_the_answer_that_fits(monkeypatch: pyt
     assert (known.objective, known.peak_bytes) == evaluate(apart, slower.choice, slower.checkpointed)[:2]
     assert got is not None and got.apart and got.objective == pytest.approx(best.objective, rel=1e-9)
     assert meshes._counted_apart(built, _accounting(apart), budget, best, beaten=None, solver="highs") is None
+
+
+def test_an_answer_counted_apart_keeps_the_bound_of_the_problem_counting_once() -> None:
+    """The problem counting apart restricts the one counting once (it counts more for some answers), so its bound
+    may lie above the optimum counted once: `_counted_apart`'s answer reports the lesser of the two bounds (the
+    first solve's here: its optimum), not proven optimal where that opens the gap, and its plan says so."""
+    apart = repeated_blocks(np.random.default_rng(0), n_blocks=4, block_nodes=4, choices=3, budget_fraction=0.7)
+    once = _counted_once(apart, 0)
+    budget = apart.budget_bytes
+    best = solve(apart, budget=budget)
+    lowest = solve(once, budget=budget)  # counted once: faster, refused by the plan's accounting
+    assert best.status == "optimal" and lowest.status == "optimal" and lowest.objective < best.objective * (1 - 1e-3)
+    slower = solve(apart, budget=best.peak_bytes - 1)
+    slower.bound, slower.gap = lowest.objective, (slower.objective - lowest.objective) / slower.objective
+    got = meshes._counted_apart(_built(once, apart), _solver_block(apart), budget, slower, beaten=None, solver="highs")
+    assert got is not None and got.objective == pytest.approx(best.objective, rel=1e-9)
+    assert got.answer.bound == lowest.objective and got.answer.status == "feasible"
+    assert got.plan.solver.bound == lowest.objective and got.plan.solver.status == "feasible"
+    assert got.plan.solver.gap == pytest.approx((best.objective - lowest.objective) / best.objective, rel=1e-9)
+    assert "counting a tensor several decisions save once" in got.plan.solver.message
+
+
+def _solver_block(apart):
+    """`_accounting` with the plan's solver block (`_PlanAccount.plan` sets it)."""
+    def assemble(built, sol) -> SimpleNamespace:
+        return SimpleNamespace(predicted=SimpleNamespace(bound_bytes=evaluate(apart, sol.choice, sol.checkpointed)[1]),
+                               solver=None)
+    return assemble
