@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 import gc
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -204,7 +205,8 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
             if sol.status not in ("optimal", "feasible"):
                 found = plan_mesh(mesh, build, assemble, budget, apart=True, **options)
                 if found.answer is not None and found.plan is not None:  # its bound is the lesser (`_counted_apart`)
-                    found.answer.widen_to(sol.bound, GAP_TOLERANCE, _WIDER)
+                    found.answer.widen_to(_once_bound(built, budget, found.answer, sol.bound, options), GAP_TOLERANCE,
+                                          _WIDER)
                     found.plan.solver = solver_info(found.answer)
                 return found
             found = _counted_apart(built, assemble, budget, sol, **options)
@@ -273,8 +275,21 @@ def _counted_apart(built: BuiltProblem, assemble: Callable[[BuiltProblem, Soluti
     found = account.solve(budget, beaten=stop, known=_counted_by(account.problem, sol) if fits else None, **options)
     if found.status not in ("optimal", "feasible") or (fits and found.objective >= sol.objective):
         return None
-    found.widen_to(sol.bound, GAP_TOLERANCE, _WIDER)
+    found.widen_to(_once_bound(built, budget, found, sol.bound, options), GAP_TOLERANCE, _WIDER)
     return MeshResult(built.mesh, account.plan(found), found.objective, answer=found, apart=True)
+
+
+def _once_bound(built: BuiltProblem, budget: int, found: Solution, bound: float, options: dict[str, Any]) -> float:
+    """A lower bound of the mesh's problem (counting once) at `budget`, for `found`, an answer counted apart: `bound`
+    (the first solve's, which stopped at its first refused answer, so often far below), or where `found`'s own bound
+    is higher, the best of it and a solve of that problem from `found` (`known`) that stops once its bound reaches
+    `found`'s time (then `found` is optimal counted once too)."""
+    if not math.isfinite(found.bound) or found.bound <= bound:
+        return bound
+    once = solve(built.problem, budget=budget, known=_counted_by(built.problem, found),
+                 beaten=lambda b: not b < found.objective, solver=options.get("solver", "highs"),
+                 time_limit=options.get("time_limit"))
+    return max(bound, once.bound) if math.isfinite(once.bound) else bound
 
 
 _WIDER = "the bound is that of the problem counting a tensor several decisions save once"
