@@ -20,7 +20,7 @@ from cost_models.mesh import Mesh
 from planner.plans.assemble import assemble_plan
 from planner.plans.meshes import plan_mesh
 from planner.search.build import build_problem
-from planner.search.solve import evaluate, solve
+from planner.search.solve import Solution, evaluate, solve
 from planner.trace.tracer import capture
 
 
@@ -153,9 +153,9 @@ def test_an_answer_counted_apart_keeps_the_bound_of_the_problem_counting_once() 
     assert got.plan.solver.bound == lowest.objective and got.plan.solver.status == "feasible"
     assert got.plan.solver.gap == pytest.approx((best.objective - lowest.objective) / best.objective, rel=1e-9)
     assert "counting a tensor several decisions save once" in got.plan.solver.message
-    # the first solve stopped at its first refused answer with a weak bound: a solve counting once from the answer
-    # (`_once_bound`) raises it to that problem's optimum, the best any bound can be here
-    slower.bound = 0.0
+    # the first solve stopped at its first refused answer, without one that fits and with a weak bound: a solve
+    # counting once from the answer (`_once_bound`) raises it to that problem's optimum, the best any bound can be
+    slower = Solution.beaten_by_elsewhere(0.0, 0.0)
     weak = meshes._counted_apart(_built(once, apart), _solver_block(apart), budget, slower, beaten=None, solver="highs")
     assert weak.answer.bound == pytest.approx(lowest.objective, rel=1e-9) and weak.answer.status == "feasible"
 
