@@ -275,7 +275,8 @@ def _counted_apart(built: BuiltProblem, assemble: Callable[[BuiltProblem, Soluti
     found = account.solve(budget, beaten=stop, known=_counted_by(account.problem, sol) if fits else None, **options)
     if found.status not in ("optimal", "feasible") or (fits and found.objective >= sol.objective):
         return None
-    found.widen_to(sol.bound if fits else _once_bound(built, budget, found, sol.bound, options), GAP_TOLERANCE, _WIDER)
+    found.widen_to(sol.bound if fits else _once_bound(built, budget, found, sol.bound, dict(options, beaten=beaten)),
+                   GAP_TOLERANCE, _WIDER)
     return MeshResult(built.mesh, account.plan(found), found.objective, answer=found, apart=True)
 
 
@@ -286,8 +287,9 @@ def _once_bound(built: BuiltProblem, budget: int, found: Solution, bound: float,
     problem from `found` (`known`) that stops once its bound reaches `found`'s time (then `found` is optimal counted
     once too; HF LLaMA: 4.4 %). A first solve that ended with an answer that fits ran its refinements: its bound
     is taken as it is (HF LLaMA 64 ranks 2x: the solve from the answer took 3 s for the same bound)."""
-    if not math.isfinite(found.bound) or found.bound <= bound:
-        return bound
+    beaten = options.get("beaten")
+    if not math.isfinite(found.bound) or found.bound <= bound or (beaten is not None and beaten(found.objective)):
+        return bound  # (where another mesh's plan is faster, this plan loses: its bound does not matter)
     once = solve(built.problem, budget=budget, known=_counted_by(built.problem, found),
                  beaten=lambda b: not b < found.objective, solver=options.get("solver", "highs"),
                  time_limit=options.get("time_limit"))
