@@ -364,9 +364,10 @@ def use_room(best: MeshResult, budget: int,
     if gap is not None and gap <= _ROOM_GAP and not (proven_too or small):  # proven within 1 % of the optimum
         return best
     roomier = job(best.mesh, room, best.answer, functools.partial(beats, best.objective), best.apart)
-    if roomier.plan is None or roomier.answer is None or not roomier.objective < best.objective:
+    if roomier.plan is None or not roomier.objective < best.objective:
         return best
-    if best.answer.bound < roomier.answer.bound:  # the best answer's bound holds for every answer (`_counted_apart`)
+    if roomier.answer is not None and best.answer.bound < roomier.answer.bound:  # the best answer's bound holds for
+        # every answer (`_counted_apart`)
         roomier.answer.widen_to(best.answer.bound, GAP_TOLERANCE, _WIDER)
         roomier.plan.solver = solver_info(roomier.answer)
     return roomier
