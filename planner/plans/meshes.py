@@ -204,11 +204,9 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
             options = dict(solver=solver, time_limit=time_limit, beaten=beaten, prove=prove)
             if sol.status not in ("optimal", "feasible"):
                 found = plan_mesh(mesh, build, assemble, budget, apart=True, **options)
-                if found.answer is not None and found.plan is not None:  # its bound is the lesser (`_counted_apart`)
-                    found.answer.widen_to(_once_bound(built, budget, found.answer, sol.bound, options), GAP_TOLERANCE,
-                                          _WIDER)
-                    found.plan.solver = solver_info(found.answer)
-                return found
+                if found.answer is None:
+                    return found
+                return _widened(found, _once_bound(built, budget, found.answer, sol.bound, options))
             found = _counted_apart(built, assemble, budget, sol, **options)
             if found is not None:
                 return found
@@ -263,10 +261,6 @@ def _counted_apart(built: BuiltProblem, assemble: Callable[[BuiltProblem, Soluti
     smallest budget: 0.5083 ms; the flat ILP over the options that can beat 0.4794 instead: 11.6 -> 6.6 s CPU,
     the same plan)."""
     fits = sol.status in ("optimal", "feasible")
-    # The answer's bound is the lesser of the two solves': the problem counting apart restricts the mesh's (it
-    # counts more for some answers), so its optimum, and its bound, may lie above the mesh's optimum (HF Qwen2,
-    # 8 ranks, 1.5x, where the first answer found is refused: 0.4014 ms "0.87 % from its bound" counted apart,
-    # while 0.3951 ms fits the plan's accounting).
 
     def stop(bound: float) -> bool:
         return (fits and beats(sol.objective, bound)) or (beaten is not None and beaten(bound))
@@ -275,9 +269,12 @@ def _counted_apart(built: BuiltProblem, assemble: Callable[[BuiltProblem, Soluti
     found = account.solve(budget, beaten=stop, known=_counted_by(account.problem, sol) if fits else None, **options)
     if found.status not in ("optimal", "feasible") or (fits and found.objective >= sol.objective):
         return None
-    found.widen_to(sol.bound if fits else _once_bound(built, budget, found, sol.bound, dict(options, beaten=beaten)),
-                   GAP_TOLERANCE, _WIDER)
-    return MeshResult(built.mesh, account.plan(found), found.objective, answer=found, apart=True)
+    # The answer's bound is the lesser of the two solves': the problem counting apart restricts the mesh's (it
+    # counts more for some answers), so its optimum, and its bound, may lie above the mesh's optimum (HF Qwen2,
+    # 8 ranks, 1.5x, where the first answer found is refused: 0.4014 ms "0.87 % from its bound" counted apart,
+    # while 0.3951 ms fits the plan's accounting).
+    once = sol.bound if fits else _once_bound(built, budget, found, sol.bound, dict(options, beaten=beaten))
+    return _widened(MeshResult(built.mesh, account.plan(found), found.objective, answer=found, apart=True), once)
 
 
 def _once_bound(built: BuiltProblem, budget: int, found: Solution, bound: float, options: dict[str, Any]) -> float:
@@ -297,6 +294,15 @@ def _once_bound(built: BuiltProblem, budget: int, found: Solution, bound: float,
 
 
 _WIDER = "the bound is that of the problem counting a tensor several decisions save once"
+
+
+def _widened(result: MeshResult, bound: float) -> MeshResult:
+    """`result` with its answer's bound lowered to `bound` where that is lower (`Solution.widen_to`: the bound of
+    the problem counting once, which the one counting apart restricts) and its plan's solver block to match."""
+    if result.answer is not None and result.plan is not None:
+        result.answer.widen_to(bound, GAP_TOLERANCE, _WIDER)
+        result.plan.solver = solver_info(result.answer)
+    return result
 
 
 def _counted_by(problem: Problem, sol: Solution) -> Solution:
@@ -366,11 +372,9 @@ def use_room(best: MeshResult, budget: int,
     roomier = job(best.mesh, room, best.answer, functools.partial(beats, best.objective), best.apart)
     if roomier.plan is None or not roomier.objective < best.objective:
         return best
-    if roomier.answer is not None and best.answer.bound < roomier.answer.bound:  # the best answer's bound holds for
-        # every answer (`_counted_apart`)
-        roomier.answer.widen_to(best.answer.bound, GAP_TOLERANCE, _WIDER)
-        roomier.plan.solver = solver_info(roomier.answer)
-    return roomier
+    if roomier.answer is None:  # the least-memory plan
+        return roomier
+    return _widened(roomier, best.answer.bound)  # the best answer's bound holds for every answer (`_counted_apart`)
 
 
 def _cost_rank(mesh: Mesh) -> int:

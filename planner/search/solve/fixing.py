@@ -147,7 +147,10 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
     choice, ckpt = ip.vectors(sol.choice, sol.checkpointed)
     own = frozenset(ckpt)
     per_set = set_bounds(ip, ranges)
-    order = sorted(per_set, key=lambda c: (c != own, min(float(b.min()) for b in per_set[c][0]), sorted(c)))
+    # per set, what its prices prove for every assignment that checkpoints it: each node's least option bound
+    # holds for all of them, so the greatest over the nodes
+    least = {c: max(float(b.min()) for b in nodes) for c, (nodes, _) in per_set.items()}
+    order = sorted(per_set, key=lambda c: (c != own, least[c], sorted(c)))
     best = (choice, ckpt, sol.objective, sol.peak_bytes)  # the fastest fitting answer so far
     proves = []  # per set solved: the least time it can hold (-inf where unknown)
     kept = solved = 0
@@ -162,12 +165,12 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
         found, holds, note = _solve_set(ip, sets, keep, pairs, choice if mine else None, target, solver, deadline,
                                         work_limit)
         kept, solved = kept + sum(map(len, keep)), solved + 1
-        limit = limit or note
         proves.append(min(holds, target))
         if found is not None and found[2] < best[2] * (1 - GAP_TOLERANCE):
             best = found
         if note:  # stopped by its limit: nothing is proven whatever the other sets hold; they keep the bound
-            proves += [max(float(b.min()) for b in per_set[c][0]) for c in order[i + 1:]]  # their prices prove
+            limit = note  # their prices prove (`least`)
+            proves += [least[c] for c in order[i + 1:]]
             break
     picked, blocks, time_s, peak = best
     proven = all(p >= time_s * (1 - GAP_TOLERANCE) for p in proves)

@@ -173,7 +173,6 @@ class Solution:
             self.status = "optimal"
             self.message = "; ".join(m for m in self.message.split("; ") if m and m != NOT_PROVEN)
 
-
     def widen_to(self, bound: float, tolerance: float, why: str) -> None:
         """Take `bound` where it is lower than the bound held (or none is held): the bound of a wider problem,
         whose optimum may lie below this answer's problem's (the problem counting tensors apart restricts the
