@@ -7,7 +7,7 @@
                      conversion runs, forward or backward (gathered buffers, collective staging, the
                      gradients flowing in and out of it): its working set beyond what is saved; the
                      plan's accounting adds the activation gradients autograd holds beside it (waiting
-                     residual gradients, accumulation buffers: `planner.plans.grad_buffers`)
+                     residual gradients, accumulation buffers: `cost_models.grad_buffers`)
     optimizer step = model states + what the optimizer step holds beside them (`cost_models.optimizer`)
     peak           = the most, over the points of one training step, of what is alive there (`step_peak`)
                   <= model states + max(saved + max transient, the optimizer step's beyond the states)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from cost_models.ops import OpNode
 
-__all__ = ["contiguous_strides", "dense_like", "index_map", "is_contiguous", "is_identity", "op_name", "runtime_strides",
+__all__ = ["contiguous_strides", "dense_like", "index_map", "is_contiguous", "is_identity", "is_view", "op_name", "runtime_strides",
            "view_strides"]
 
 Shape = Sequence[int]
@@ -199,3 +199,30 @@ def _strides_of(op: OpNode, memo: Mapping[str, tuple[int, ...] | None], device: 
     if op.kind == "contiguous" and op_name(op.target) == "contiguous":
         return src if is_contiguous(shape, src) else contiguous_strides(shape)
     return dense_like(shape, src)
+
+
+def _merges(in_shape: Sequence[int], out_shape: Sequence[int]) -> bool:
+    """Whether reshaping `in_shape` to `out_shape` merges two or more dims of size > 1 (needs contiguity)."""
+    from cost_models.strategies.views import _groups
+
+    groups = _groups(list(in_shape), list(out_shape))
+    return groups is None or any(sum(in_shape[d] > 1 for d in gi) > 1 for gi, _ in groups)
+
+
+def is_view(op: OpNode, strides: tuple[int, ...] | None) -> bool:
+    """Whether `op`'s output is a view (or the very tensor) of its first input, which has `strides` at run
+    time (None: unknown; then only a reshape that merges no dims counts as a view)."""
+    x = op.input_meta[0]
+    if is_identity(op):
+        return True
+    if op.kind == "contiguous":
+        return op_name(op.target) == "contiguous" and strides is not None and is_contiguous(x.shape, strides)
+    if op.kind == "permute":
+        return True
+    if op.kind == "getitem":  # slices and ints index a view; tensor (advanced) indexing copies
+        return index_map(op.attrs.get("index"), len(x.shape)) is not None
+    if op.kind == "reshape":
+        if strides is None:
+            return not _merges(x.shape, op.out.shape)
+        return view_strides(x.shape, strides, op.out.shape) is not None
+    return False

@@ -7,7 +7,13 @@ prediction is exact for its own assignment (saved tensors shared by several ops 
 
 from __future__ import annotations
 
-from cost_models.edges import carries_gradient, edge_cost, grad_flow, output_working_set
+from cost_models.edges import edge_cost, grad_flow, output_working_set
+from cost_models.grad_buffers import (
+    gradient_buffers,
+    gradients_alive,
+    passthrough_candidates,
+    tracked_gradients,
+)
 from cost_models.hardware import HardwareProfile
 from cost_models.memory import (
     conversion_pair_working_set,
@@ -31,7 +37,6 @@ from planner.plans.format import (
     Redistribution,
     SolverInfo,
 )
-from planner.plans.grad_buffers import gradient_buffers, gradients_alive
 from planner.plans.recompute import before_recomputation, recomputation_peaks
 from planner.plans.storage import storage_bases
 from planner.search.build import BuiltProblem, _out_layout
@@ -49,18 +54,6 @@ def _forward_bytes(cost) -> int:
 
 def _json_value(v):
     return [_json_value(x) for x in v] if isinstance(v, tuple | list) else v
-
-
-def _identity_aliases(graph: ModelGraph) -> dict[str, str]:
-    """Ops whose output is their input tensor itself (dropout with p = 0 or not training returns its
-    input): op name -> the op that produced that tensor, so that saved-tensor keys naming either count once
-    (the softmax output saved by softmax and by the attention matmul behind a p = 0 dropout)."""
-    alias: dict[str, str] = {}
-    for op in graph.nodes:
-        if op.kind == "dropout" and op.inputs and (float(op.attrs.get("p", 0.5)) == 0.0
-                                                   or not op.attrs.get("training", True)):
-            alias[op.name] = alias.get(op.inputs[0], op.inputs[0])
-    return alias
 
 
 def _base_key(key: str, nbytes: int, bases: dict[str, str], graph: ModelGraph, built: BuiltProblem,
@@ -109,39 +102,26 @@ def _state_moves(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -
     return moves
 
 
-def _gradient_bytes(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int],
-                    flows: dict[str, bool]) -> dict[str, int]:
-    """Op name -> bytes of the gradient of its output on this rank (the layout it produces), for the
-    single-output ops whose output carries a gradient (`grad_flow`, `carries_gradient`: what `gradient_buffers`
-    tracks)."""
+def _gradient_bytes(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -> dict[str, int]:
+    """Op name -> bytes of the gradient of its output on this rank (the layout it produces), for the ops
+    whose output's gradient `gradient_buffers` tracks (`tracked_gradients`)."""
     out: dict[str, int] = {}
-    for op in graph.nodes:
-        if not flows[op.name] or len(op.outputs) != 1 or op.kind in ("input", "output") \
-                or not carries_gradient(op.out):
-            continue
-        lay = built.strategies[op.name][pick[op.name]].outputs[0]
-        out[op.name] = lay.local_numel(op.out.shape, built.mesh) * op.out.itemsize
+    for name in tracked_gradients(graph.nodes):
+        op = graph.node(name)
+        lay = built.strategies[name][pick[name]].outputs[0]
+        out[name] = lay.local_numel(op.out.shape, built.mesh) * op.out.itemsize
     return out
 
 
-def _passthrough(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int], alias: dict[str, str]) -> dict[str, str]:
+def _passthrough(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int]) -> dict[str, str]:
     """Tensor -> its last reader, when that reader hands its output's gradient back to it unchanged (the
-    same storage): an add without broadcasting and with no conversion on the edge, or an identity
-    dropout (see `gradient_buffers`)."""
-    last: dict[str, OpNode] = {}
-    for op in graph.nodes:
-        if op.kind != "output":
-            for src in op.inputs:
-                last[src] = op
-    out: dict[str, str] = {}
+    same storage): a `passthrough_candidates` entry whose tensor reaches the reader with no conversion
+    under the chosen layouts (see `gradient_buffers`)."""
     nodes = {n.name: n for n in graph.nodes}
-    for src, op in last.items():
-        if op.name not in alias and (op.kind != "elementwise" or op.attrs.get("fn") != "add"):
-            continue
+    out: dict[str, str] = {}
+    for src, (op, arg) in passthrough_candidates(graph.nodes).items():
         strat = built.strategies[op.name][pick[op.name]]
-        arg = op.inputs.index(src)
-        if src in nodes and op.input_meta[arg].shape == op.out.shape and arg < len(strat.inputs) \
-                and strat.inputs[arg] == _out_layout(built.strategies[src][pick[src]], nodes[src], op):
+        if arg < len(strat.inputs) and strat.inputs[arg] == _out_layout(built.strategies[src][pick[src]], nodes[src], op):
             out[src] = op.name
     return out
 
@@ -224,7 +204,6 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     recomputed_upto: dict[str, int] = {}
     seen_keys: set[str] = set()
     op_saved: dict[str, int] = {}
-    alias = _identity_aliases(graph)
     bases = storage_bases(graph, built, pick, device)
     # A checkpointed block keeps its inputs (every tensor from outside it that its ops read, e.g. the hidden
     # state and the attention mask): each charged to the first op in the block that reads it, a tensor kept
@@ -292,7 +271,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     moved = _state_moves(graph, built, pick)
     # In a checkpointed block's backward, recomputed activations are alive together with the working
     # set of the op (or the conversion into it) being differentiated, and the activation gradients
-    # autograd holds beside it (planner.plans.grad_buffers; the block's gradient waiting through its
+    # autograd holds beside it (cost_models.grad_buffers; the block's gradient waiting through its
     # recomputation among them, once: it may be the residual gradient counted already). The ops after
     # the block's last saving op are differentiated before the recomputation (nothing recomputed yet).
     trigger = {block: name for block, (name, _) in waiting.items()}
@@ -306,7 +285,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
            + (recomputed_upto.get(op.name, 0) if in_ckpt[op.name] and op.name not in before else 0)
            for op in graph.nodes]
     also = [waiting.get(op.block) if in_ckpt[op.name] and op.name not in before else None for op in graph.nodes]
-    grads, passthrough = _gradient_bytes(graph, built, pick, flows), _passthrough(graph, built, pick, alias)
+    grads, passthrough = _gradient_bytes(graph, built, pick), _passthrough(graph, built, pick)
     transients = gradient_buffers(graph.nodes, grads, own, passthrough, also)
     # The recomputation itself re-runs the whole block at its last saving op (planner.plans.recompute),
     # beside the gradients alive there.

@@ -206,7 +206,8 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
                 found = plan_mesh(mesh, build, assemble, budget, apart=True, **options)
                 if found.answer is None:
                     return found
-                return _widened(found, _once_bound(built, budget, found.answer, sol.bound, options))
+                bound, faster = _once_bound(built, assemble, budget, found.answer, sol.bound, options)
+                return faster or _widened(found, bound)
             found = _counted_apart(built, assemble, budget, sol, **options)
             if found is not None:
                 return found
@@ -273,24 +274,43 @@ def _counted_apart(built: BuiltProblem, assemble: Callable[[BuiltProblem, Soluti
     # counts more for some answers), so its optimum, and its bound, may lie above the mesh's optimum (HF Qwen2,
     # 8 ranks, 1.5x, where the first answer found is refused: 0.4014 ms "0.87 % from its bound" counted apart,
     # while 0.3951 ms fits the plan's accounting).
-    once = sol.bound if fits else _once_bound(built, budget, found, sol.bound, dict(options, beaten=beaten))
-    return _widened(MeshResult(built.mesh, account.plan(found), found.objective, answer=found, apart=True), once)
+    apart = MeshResult(built.mesh, account.plan(found), found.objective, answer=found, apart=True)
+    if fits:
+        return _widened(apart, sol.bound)
+    once, faster = _once_bound(built, assemble, budget, found, sol.bound, dict(options, beaten=beaten))
+    return faster or _widened(apart, once)
 
 
-def _once_bound(built: BuiltProblem, budget: int, found: Solution, bound: float, options: dict[str, Any]) -> float:
+def _once_bound(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan], budget: int, found: Solution,
+                bound: float, options: dict[str, Any]) -> tuple[float, MeshResult | None]:
     """A lower bound of the mesh's problem (counting once) at `budget`, for `found`, an answer counted apart, where the
     first solve stopped at its first refused answer before it had an answer that fits (its `bound`, often far below:
     HF LLaMA 64 ranks 1.25x, 22.8 %): where `found`'s own bound is higher, the best of `bound` and a solve of that
     problem from `found` (`known`) that stops once its bound reaches `found`'s time (then `found` is optimal counted
-    once too; HF LLaMA: 4.4 %). A first solve that ended with an answer that fits ran its refinements: its bound
-    is taken as it is (HF LLaMA 64 ranks 2x: the solve from the answer took 3 s for the same bound)."""
+    once too; HF LLaMA: 4.4 %); where its answer is faster than `found` and the plan's accounting refuses it, the
+    same solve again with its proofs counting the gradients held beside each op and the copies saved beyond the
+    formulas (`solve(held=True)`: nearer the plan's accounting; its bound holds for it, but its ILPs are harder:
+    only where the first leaves a gap). A first solve that ended with an answer that fits ran its refinements: its
+    bound is taken as it is (HF LLaMA 64 ranks 2x: the solve from the answer took 3 s for the same bound). Also
+    a solve's answer, as a mesh result, where it is faster than `found` and the plan's accounting fits it (HF LLaMA
+    64 ranks 1.25x: 3.7157 -> 3.6016 ms), else None."""
     beaten = options.get("beaten")
     if not math.isfinite(found.bound) or found.bound <= bound or (beaten is not None and beaten(found.objective)):
-        return bound  # (where another mesh's plan is faster, this plan loses: its bound does not matter)
-    once = solve(built.problem, budget=budget, known=_counted_by(built.problem, found),
-                 beaten=lambda b: not b < found.objective, solver=options.get("solver", "highs"),
-                 time_limit=options.get("time_limit"))
-    return max(bound, once.bound) if math.isfinite(once.bound) else bound
+        return bound, None  # (where another mesh's plan is faster, this plan loses: its bound does not matter)
+    account = _PlanAccount(built, assemble)
+    for held in (False, True):
+        once = solve(built.problem, budget=budget, known=_counted_by(built.problem, found),
+                     beaten=lambda b: not b < found.objective, solver=options.get("solver", "highs"),
+                     time_limit=options.get("time_limit"), held=held)
+        if math.isfinite(once.bound):
+            bound = max(bound, once.bound)
+        answered = once.status in ("optimal", "feasible") and bool(once.choice)
+        if answered and once.objective < found.objective * (1 - GAP_TOLERANCE) and account(once) <= budget:
+            once.raise_bound(bound, GAP_TOLERANCE)  # every solve's bound holds for the problem counting once
+            return bound, MeshResult(built.mesh, account.plan(once), once.objective, answer=once)
+        if not answered or not bound < found.objective * (1 - GAP_TOLERANCE):
+            break  # (no answer, or `found` is proven optimal counted once)
+    return bound, None
 
 
 _WIDER = "the bound is that of the problem counting a tensor several decisions save once"

@@ -5,7 +5,7 @@ only its inputs in the forward. The backward re-runs the block's whole forward w
 of the block's saved tensors: at the backward of the block's last op that saves anything (ops after it, a
 residual add at the block's end, are differentiated before, with nothing recomputed yet). While the
 forward re-runs, alive beside the step's states and earlier saved activations are: the gradients the
-backward holds there (`planner.plans.grad_buffers.gradients_alive`), the block's activations recomputed so
+backward holds there (`cost_models.grad_buffers.gradients_alive`), the block's activations recomputed so
 far (each storage once; a kept input, or a view of one, saved again is the storage the checkpoint keeps
 already), the intermediate outputs a later op of the block still reads, and the working set of the op
 re-running: its output and its forward buffers (`OpCost.fwd_extra_bytes`), or the conversion into it.

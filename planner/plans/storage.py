@@ -21,40 +21,11 @@ of the last layer norm (34,816 B, not the 2,048 B of the view).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from cost_models.ops import OpNode
-from cost_models.strategies.views import _groups
-from cost_models.strides import index_map, is_contiguous, is_identity, op_name, runtime_strides, view_strides
+from cost_models.strides import is_view, runtime_strides
 from planner.search.build import BuiltProblem, _out_layout
 from planner.trace.graph import ModelGraph
 
 __all__ = ["storage_bases"]
-
-
-def _merges(in_shape: Sequence[int], out_shape: Sequence[int]) -> bool:
-    """Whether reshaping `in_shape` to `out_shape` merges two or more dims of size > 1 (needs contiguity)."""
-    groups = _groups(list(in_shape), list(out_shape))
-    return groups is None or any(sum(in_shape[d] > 1 for d in gi) > 1 for gi, _ in groups)
-
-
-def _is_view(op: OpNode, strides: tuple[int, ...] | None) -> bool:
-    """Whether `op`'s output is a view (or the very tensor) of its first input, which has `strides` at run
-    time (None: unknown; then only a reshape that merges no dims counts as a view)."""
-    x = op.input_meta[0]
-    if is_identity(op):
-        return True
-    if op.kind == "contiguous":
-        return op_name(op.target) == "contiguous" and strides is not None and is_contiguous(x.shape, strides)
-    if op.kind == "permute":
-        return True
-    if op.kind == "getitem":  # slices and ints index a view; tensor (advanced) indexing copies
-        return index_map(op.attrs.get("index"), len(x.shape)) is not None
-    if op.kind == "reshape":
-        if strides is None:
-            return not _merges(x.shape, op.out.shape)
-        return view_strides(x.shape, strides, op.out.shape) is not None
-    return False
 
 
 def storage_bases(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int], device: str) -> dict[str, str]:
@@ -73,6 +44,6 @@ def storage_bases(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int], 
         if len(producer.outputs) != 1 or not strat.inputs or strat.inputs[0] != _out_layout(
                 built.strategies[src][pick[src]], producer, op):
             continue
-        if _is_view(op, runtime_strides(src, nodes, device, memo)):
+        if is_view(op, runtime_strides(src, nodes, device, memo)):
             base[op.name] = base.get(src, src)
     return base

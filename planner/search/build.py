@@ -34,9 +34,11 @@ from cost_models.optimizer import resolve_optimizer
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 from planner.search.decisions import Decision, Enumerated, Grouped
+from planner.search.held import held_beside, saved_copies, saved_twice
 from planner.search.price_nodes import _out_layout, price_choices, producer_keys
 from planner.search.schemes import SchemeError, SchemeUnavailable, expand_schemes, restrict_schemes
-from planner.search.solve.problem import Block, Problem, ProblemEdge, ProblemNode, SharedInput
+from planner.search.solve import fixing
+from planner.search.solve.problem import Block, HeldLess, HeldSaved, Problem, ProblemEdge, ProblemNode, SharedInput
 from planner.search.tied import copy_bytes, tied_uses
 from planner.trace.graph import ModelGraph
 
@@ -392,18 +394,30 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
     en = enumerate_ops(graph, mesh, hw, device=device, bytes_per_param=bytes_per_param, schemes=schemes)
     g = group_decisions(graph, en)
     optimizer = resolve_optimizer(optimizer, device)
-    pnodes, same_decision, step_nodes = price_choices(en, g, bytes_per_param, optimizer, producer_keys(graph, en))
+    shareable = producer_keys(graph, en)
+    pnodes, same_decision, step_nodes = price_choices(en, g, bytes_per_param, optimizer, shareable)
     pedges = price_edges(graph, mesh, hw, en, g, same_decision, input_mode)
     pedges += tied_edges(graph, mesh, en, g)
     blocks, shared = block_specs(graph, mesh, en, g)
+    # the gradients held beside each op and the copies saved beyond the formulas: only the proof of a small
+    # problem's answer counts them (`fixing.prove`)
+    small = len(blocks) <= fixing.MAX_BLOCKS
+    held = held_beside(graph, mesh, en, g, checkpointing, device) if small else []
 
-    def problems(nodes: list[ProblemNode], step: list[ProblemNode] | None) -> tuple[Problem, Problem | None]:
+    def problems(nodes: list[ProblemNode], step: list[ProblemNode] | None, copies: list[HeldSaved],
+                 less: list[HeldLess]) -> tuple[Problem, Problem | None]:
         return tuple(None if ns is None else Problem(ns, pedges, blocks, int(budget_bytes), checkpointing=checkpointing,
-                                                     uniform_groups=UNIFORM_GROUPS, shared_inputs=shared)
+                                                     uniform_groups=UNIFORM_GROUPS, shared_inputs=shared,
+                                                     held_beside=held, held_saved=copies, held_less=less)
                      for ns in (nodes, step))
 
-    problem, step_problem = problems(pnodes, step_nodes)
+    # the copies the problem counting a tensor once leaves out (none counting apart: every decision counts its own),
+    # and the storages it may count twice
+    copies = saved_copies(graph, en, g, shareable) if small else []
+    twice = saved_twice(graph, en, g, shareable, device) if small else []
+    problem, step_problem = problems(pnodes, step_nodes, copies, twice)
     apart_nodes, _, apart_step = price_choices(en, g, bytes_per_param, optimizer)
-    apart = None if apart_nodes == pnodes else problems(apart_nodes, apart_step)
+    apart = None if apart_nodes == pnodes else problems(apart_nodes, apart_step, [],
+                                                        saved_twice(graph, en, g, frozenset(), device) if small else [])
     return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,
                         g.decision_of, en.unsupported, step_problem, apart)

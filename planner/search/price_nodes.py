@@ -20,7 +20,7 @@ from planner.search.decisions import Decision, Enumerated, Grouped
 from planner.search.solve.problem import Choice, ProblemNode
 from planner.trace.graph import ModelGraph
 
-__all__ = ["price_choices", "producer_keys"]
+__all__ = ["price_choices", "producer_keys", "saved_before"]
 
 
 def _out_layout(strategy: Strategy, producer: OpNode, consumer: OpNode) -> Layout:
@@ -45,6 +45,20 @@ def producer_keys(graph: ModelGraph, en: Enumerated) -> set[str]:
             for op in graph.nodes for src in dict.fromkeys(op.inputs) for strat in en.strategies[src]}
 
 
+def saved_before(en: Enumerated, g: Grouped, shareable: AbstractSet[str]) -> dict[str, frozenset[str]]:
+    """Per decision, the `shareable` saved-tensor keys an earlier decision of its block (or, outside every block,
+    an earlier decision outside every block) saves under some choice: `price_choices` counts such a key there
+    only."""
+    earlier: dict[str | None, set[str]] = {}  # per block (None: outside every block), keys saved before
+    out: dict[str, frozenset[str]] = {}
+    for d in g.decisions.values():
+        seen = earlier.setdefault(d.block, set())
+        out[d.name] = frozenset(seen)
+        seen |= {t.key for op, idx in zip(d.ops, d.members) for k in set(idx) for t in en.costs[op][k].saved
+                 if t.key in shareable}
+    return out
+
+
 def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int, optimizer: str,
                   shareable: AbstractSet[str] = frozenset()
                   ) -> tuple[list[ProblemNode], dict[str, str], list[ProblemNode] | None]:
@@ -66,16 +80,13 @@ def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int, optimizer: s
     with_step: dict[str, list[Choice]] = {}
     same_decision: dict[str, str] = {}
     step_differs = False
-    earlier: dict[str | None, set[str]] = {}  # per block (None: outside every block), keys saved before
+    before = saved_before(en, g, shareable)
     for d in g.decisions.values():
         t_ops = [en.copied.get(op) for op in d.ops]
-        seen = earlier.setdefault(d.block, set())
-        mine = {t.key for op, idx in zip(d.ops, d.members) for k in set(idx) for t in en.costs[op][k].saved
-                if t.key in shareable}
+        seen = before[d.name]
         if all(t_ops) and t_ops[0] in g.decision_of:
             dt = g.decisions[g.decision_of[t_ops[0]]]
             if dt.ops == t_ops and dt.members == d.members:
-                seen |= mine
                 same_decision[d.name] = dt.name
                 priced[d.name], with_step[d.name] = priced[dt.name], with_step[dt.name]
                 pnodes.append(ProblemNode(d.name, list(priced[d.name]), d.block, _labels(d, en.strategies)))
@@ -101,7 +112,6 @@ def price_choices(en: Enumerated, g: Grouped, bytes_per_param: int, optimizer: s
             step_choices.append(replace(choices[-1], state_bytes=choices[-1].state_bytes + sum(s for s, _ in step),
                                         transient_bytes=max([choices[-1].transient_bytes] + [t for _, t in step])))
             step_differs = step_differs or step_choices[-1] != choices[-1]
-        seen |= mine
         priced[d.name], with_step[d.name] = choices, step_choices
         pnodes.append(ProblemNode(d.name, choices, d.block, _labels(d, en.strategies)))
         step_nodes.append(ProblemNode(d.name, step_choices, d.block, pnodes[-1].labels))

@@ -1,7 +1,7 @@
 """Memory predictions on zoo models (written by others), measured on 8 gloo ranks.
 
 Each case is a plan whose prediction a fixed root cause used to get wrong (see the commits that added
-`planner.plans.grad_buffers`, `planner.plans.storage` and the attention and cross-entropy working sets):
+`cost_models.grad_buffers`, `planner.plans.storage` and the attention and cross-entropy working sets):
 
 * torch TransformerEncoder, 1d and 3d_allreduce: the peak is in the backward of the selects of the packed
   q/k/v (three input-sized gradients at once, the q gradient and the residual gradient waiting);

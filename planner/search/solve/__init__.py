@@ -111,7 +111,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
           loosen: int = 0, beaten: Callable[[float], bool] | None = None, memo: SolveMemo | None = None,
           step_problem: Problem | None = None, step_binds: Callable[[Solution], bool] | None = None,
           step_memo: SolveMemo | None = None, least: str | None = None, prove: bool = False,
-          known: Solution | None = None) -> Solution:
+          known: Solution | None = None, held: bool = False) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
@@ -164,6 +164,9 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         because of its step, the rounds go on with `step_problem`, whose answers fit the step. Only the
         rounds of `problem` give the answer's lower bound (`step_problem` is a restriction). step_memo: the
         `SolveMemo` of `step_problem`, as `memo` is of `problem`.
+    held: the proofs of a priced answer (`fixing.prove`) count the gradients held beside each op from the start
+        (`Problem.held_beside`; by default only once an answer without them was refused): their bounds hold for
+        the plan's accounting, not for the formulas alone (`meshes._once_bound`).
     known: an answer of `problem` known to fit `budget` by the account (the caller's plan at a tighter budget:
         `use_room`). The answer returned is never slower: the flat ILP starts from it, and a priced answer's
         refinement takes it where it is faster and searches only for answers faster than it.
@@ -197,7 +200,8 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         if beaten is not None and beaten(proven):
             return Solution.beaten_by_elsewhere(proven, time.perf_counter() - start)
         sol, lift = _solve_at(problem, budget - shrink, name, deadline, method, progress, memo, beaten,
-                              least=least or ("always" if account is None else "unproven"), prove=prove, known=known)
+                              least=least or ("always" if account is None else "unproven"), prove=prove, known=known,
+                              held=held)
         if sol.status == "beaten":
             lift = None
             break
@@ -277,13 +281,13 @@ def _unfit(problem: Problem, budget: int, shrink: int, account: Callable[[Soluti
 
 def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method: str, progress: bool,
               memo: SolveMemo, beaten: Callable[[float], bool] | None = None, least: str = "always",
-              prove: bool = False, known: Solution | None = None
+              prove: bool = False, known: Solution | None = None, held: bool = False
               ) -> tuple[Solution, Callable[..., Solution | None] | None]:
     """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
     and for a priced answer what is left for the answer `solve` keeps: the bound search (`PricedSolve.lift`)
     and, with method "auto", the flat ILP from it where that is small, then the pins and piece swaps (`_refine`).
     `least`: when the priced search finds nothing that fits, whether it searches the least-memory answer
-    (`PricedSolve.solve`); `known`: `solve`'s."""
+    (`PricedSolve.solve`); `known`, `held`: `solve`'s."""
     exact = IndexedProblem(problem, budget)
     ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
     ip.time, ip.recompute, ip.transient, ip.edges = (list(exact.time), list(exact.recompute),
@@ -299,7 +303,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
                 search = PricedSolve(ip, dec or decompose(ip), beaten, memo)
                 sol = search.solve(name, deadline, lift=False, least=least)
                 lift = functools.partial(_refine, search, ip, exact, name, deadline, beaten, method == "auto",
-                                         prove, known)
+                                         prove, known, held)
             except NotDecomposable as err:
                 if method == "priced":
                     raise
@@ -329,8 +333,8 @@ def _as_given(exact: IndexedProblem, sol: Solution) -> Solution:
 
 
 def _refine(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name: str, deadline: float,
-            beaten: Callable[[float], bool] | None, small: bool, prove: bool, known: Solution | None, sol: Solution,
-            over: Callable[[Solution], int] = lambda s: 0) -> Solution:
+            beaten: Callable[[float], bool] | None, small: bool, prove: bool, known: Solution | None, held: bool,
+            sol: Solution, over: Callable[[Solution], int] = lambda s: 0) -> Solution:
     """For the answer `solve` keeps of a priced round (once per solve, not for every round's): its bound lifted
     (`PricedSolve.lift`); with `small` (method "auto"), the flat ILP's answer from it where that ILP is small
     (`_exact_if_small`), from `known` instead where that is faster (`solve`'s); then, where the answer is still
@@ -340,17 +344,17 @@ def _refine(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name
     that flat ILP without a work limit (instead of the work-limited one). Each step's answer is taken only where
     the caller's account fits it (`over`: the bytes it takes beyond the budget by that account), so a faster
     answer the account does not fit never displaces one it does. Its figures are those of the problem as given
-    (`exact`). None of them where an answer found elsewhere beats its bound."""
+    (`exact`). None of them where an answer found elsewhere beats its bound. `held`: `solve`'s."""
     search.lift(sol, deadline)
     out = _faster_known(exact, sol, known)
     if small:
         out = _fitting(exact, out, _exact_if_small(ip, out, name, deadline, beaten), over)
     if not prove and fixing.applies(ip) and _worth_refining(out, beaten):
-        out = _fixed(search, ip, exact, name, deadline, out, over, PROVE_WORK)
+        out = _fixed(search, ip, exact, name, deadline, out, over, PROVE_WORK, held)
     if _worth_refining(out, beaten):
         out = _fitting(exact, out, search.improve(out, name, deadline), over)
     if prove and out.status == "feasible" and out.choice and not (beaten is not None and beaten(out.bound)):
-        out = _fixed(search, ip, exact, name, deadline, out, over, None)
+        out = _fixed(search, ip, exact, name, deadline, out, over, None, held)
     return sol if out is sol else _as_given(exact, out)
 
 
@@ -376,22 +380,33 @@ def _faster_known(exact: IndexedProblem, sol: Solution, known: Solution | None) 
 
 
 def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name: str, deadline: float,
-           out: Solution, over: Callable[[Solution], int], work_limit: int | None) -> Solution:
+           out: Solution, over: Callable[[Solution], int], work_limit: int | None, held: bool = False) -> Solution:
     """`out`, or the answer of the flat ILP over the options that can beat it (`fixing.prove`, with this work
     limit) where the caller's account fits that (`over`: the bytes it takes beyond the budget by the account).
     Where it does not, `out` with the bound it proves, and the same ILP again under the budget tightened by
     what the account counted beyond the formulas (at least doubling, FIT_ROUNDS in all, as `solve`'s rounds;
     by at most RETRY_SHRINK of the budget) while the last answer beats `out` by over EXACT_GAP (a tightened
     ILP's answer is no faster): the first faster answer the account fits is taken. The tightened ILPs' bounds
-    hold for their budgets only: not taken. (HF BERT on 64 ranks, 8x8, at its smallest budget: 256 B over, and again: 52.57 -> 51.45 ms.)"""
+    hold for their budgets only: not taken. (HF BERT on 64 ranks, 8x8, at its smallest budget: 256 B over, and again: 52.57 -> 51.45 ms.)
+    The ILPs count the gradients held beside each op (`build_flat(held=True)`) once an answer without them is
+    refused, or from the start with `held`."""
     ranges = _fixing_ranges(search, out.objective)
-    proved = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit)
+    held = held and ip.has_held
+    proved = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit, held=held)
     if proved is None:
         return out
     excess = over(_as_given(exact, proved))
     if excess <= 0:
         return proved
     out.raise_bound(proved.bound, GAP_TOLERANCE)  # its answer does not fit the account: its bound still holds
+    if not held and ip.has_held:  # the same ILPs counting the gradients held beside each op, as the plan's accounting does
+        held = True
+        again = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit, held=True)
+        if again is not None:
+            proved, excess = again, over(_as_given(exact, again))
+            if excess <= 0:
+                return again
+            out.raise_bound(again.bound, GAP_TOLERANCE)
     out.message = "; ".join(m for m in (out.message, "lower bound from the flat ILP over the options that can "
                                         "beat it, whose answer the plan's accounting does not fit") if m)
     shrink = 0
@@ -404,7 +419,7 @@ def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name:
             break
         tight = copy.copy(ip)
         tight.budget = ip.budget - shrink
-        proved = fixing.prove(tight, out, ranges, name, deadline, work_limit=work_limit)
+        proved = fixing.prove(tight, out, ranges, name, deadline, work_limit=work_limit, held=held)
         if proved is None:
             break
         excess = over(_as_given(exact, proved))

@@ -13,7 +13,7 @@ import numpy as np
 from planner.search.solve.indexed import IndexedProblem, ProblemError
 from planner.search.solve.problem import Problem
 
-__all__ = ["FastEvaluator", "evaluate", "evaluate_indexed", "recompute_peak"]
+__all__ = ["FastEvaluator", "evaluate", "evaluate_indexed", "held_bytes", "held_peak", "recompute_peak"]
 
 
 def recompute_peak(saved: Sequence | np.ndarray, work: Sequence | np.ndarray) -> np.ndarray:
@@ -71,6 +71,41 @@ def evaluate_indexed(
         "recomputed_bytes": recomputed,
     }
     return time_s, peak, breakdown
+
+
+def held_bytes(ip: IndexedProblem, choice: Sequence[int], checkpointed: Iterable[int]) -> int:
+    """The largest `ip.held` row (`Problem.held_beside`) under an assignment: what the flat ILP's max term covers
+    beyond the formulas' transient (`evaluate_indexed`), which leaves these rows out; 0 without rows. A row at a
+    recomputation counts where its block is checkpointed, with the activations recomputed before it."""
+    ckpt = set(checkpointed)
+    edges = {(e.src, e.dst): e for e in ip.edges}
+    most = 0
+    for row in ip.held:
+        blk = ip.block_of[row.node]
+        if row.recomputation and blk not in ckpt:
+            continue
+        value = row.value(choice)
+        if row.source is not None:
+            e = edges.get((row.source, row.node))
+            if e is None or e.transient is None:
+                continue
+            value += int(e.transient[choice[row.source], choice[row.node]])
+        value += sum(int(nbytes[choice[u]]) for u, nbytes in row.recomputed)
+        value += sum(int(nbytes[choice[u], choice[w]]) for u, w, nbytes in row.recomputed_pairs)
+        most = max(most, value)
+    return most
+
+
+def held_peak(ip: IndexedProblem, choice: Sequence[int], checkpointed: Iterable[int]) -> int:
+    """The peak the flat ILP with held rows (`build_flat(held=True)`) counts for an assignment: the formulas' peak
+    (`evaluate_indexed`) with the copies saved beyond them (`ip.held_saved`) and without what they may count twice
+    (`ip.held_less`; both only for nodes outside checkpointed blocks), and the largest held row (`held_bytes`) as one more candidate of the max term."""
+    ckpt = set(checkpointed)
+    _, peak, parts = evaluate_indexed(ip, choice, ckpt)
+    copies = sum(int(nbytes[choice[u], choice[v]]) for u, v, nbytes in ip.held_saved if ip.block_of[v] not in ckpt)
+    copies -= sum(int(nbytes[choice[v]]) for v, nbytes in ip.held_less if ip.block_of[v] not in ckpt)
+    work = parts["transient_bytes"]
+    return peak - work + copies + max(work, held_bytes(ip, choice, ckpt))
 
 
 def evaluate(

@@ -17,7 +17,7 @@ options left barely rises (0.5012 -> 0.5013 ms against the optimum 0.5383): the 
 the options', which is why the ILP does the proving; and one ILP per set proves faster than one with a
 checkpoint binary per block (`prove`).
 
-Sets of checkpointed blocks are enumerated, so this runs on problems of at most _MAX_BLOCKS blocks.
+Sets of checkpointed blocks are enumerated, so this runs on problems of at most MAX_BLOCKS blocks.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from planner.search.solve.indexed import IndexedEdge, IndexedProblem
 from planner.search.solve.milp import LEAN_OPTIONS, NO_PROBING, resolve_solver, solve_milp
 from planner.search.solve.problem import GAP_TOLERANCE, Solution, relative_gap
 
-__all__ = ["option_bounds", "pair_bounds", "prove", "restrict"]
+__all__ = ["option_bounds", "pair_bounds", "prove", "restrict", "MAX_BLOCKS"]
 
-_MAX_BLOCKS = 4  # 2^M sets of checkpointed blocks per range
+MAX_BLOCKS = 4  # 2^M sets of checkpointed blocks per range
 # HiGHS options for the proving ILP: no restarts, no RINS/RENS sub-MIPs, no probing (the column ILPs' options,
 # `milp`). It starts from the answer and mostly has to raise its bound: on four saved ILPs of the tiny HF models
 # (2x2x2, 1.25-2x their smallest budgets) 52 s -> 29 s wall in all, the same optima.
@@ -114,16 +114,19 @@ def restrict(ip: IndexedProblem, keep: list[np.ndarray]) -> IndexedProblem:
                  for e in ip.edges]
     out.input_bytes = [nbytes if src is None else nbytes[keep[src]] for nbytes, src in zip(ip.input_bytes, ip.block_input)]
     out.shared = [(v, nbytes[keep[v]], blocks) for v, nbytes, blocks in ip.shared]
+    out.held = [row.restricted(keep) for row in ip.held]
+    out.held_saved = [(u, v, b[np.ix_(keep[u], keep[v])]) for u, v, b in ip.held_saved]
+    out.held_less = [(v, b[keep[v]]) for v, b in ip.held_less]
     return out
 
 
 def applies(ip: IndexedProblem) -> bool:
-    """Whether `prove` runs on `ip`: at most _MAX_BLOCKS blocks (it enumerates their checkpointed sets)."""
-    return len(ip.block_nodes) <= _MAX_BLOCKS
+    """Whether `prove` runs on `ip`: at most MAX_BLOCKS blocks (it enumerates their checkpointed sets)."""
+    return len(ip.block_nodes) <= MAX_BLOCKS
 
 
 def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], solver: str,
-          deadline: float, work_limit: int | None = None) -> Solution | None:
+          deadline: float, work_limit: int | None = None, held: bool = False) -> Solution | None:
     """`sol` proven optimal, or a faster answer, from one flat ILP per set of checkpointed blocks, each over the
     options and pairs of options that can beat the fastest answer so far with that set (`set_bounds`) and with
     the set fixed (`build_flat(checkpointed=)`): the answer's own set first, started from the answer, then the
@@ -132,7 +135,7 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
     (no proof can come of them, and the piece swaps look for faster answers next): they count with the bound
     their prices prove (HF LLaMA with 4 layers, 8 ranks, 2x: the 14 other sets took 7 s CPU and found
     nothing). `work_limit`: each ILP's work (None for none); None
-    where there are more than _MAX_BLOCKS blocks. The figures are `ip`'s; the bound is the least over the sets
+    where there are more than MAX_BLOCKS blocks. The figures are `ip`'s; the bound is the least over the sets
     of what each proves (its ILP's optimum or bound, or the answer's time where it could beat nothing).
 
     Fixing the set is what makes the proof fast: with a checkpoint binary per block, every recompute-peak row
@@ -140,7 +143,10 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
     lets a fractional flag drop half a block's activations and pay half its recompute peak. Fixed, those rows
     are on the one-hot vectors themselves. HF LLaMA (2 layers, 2x2x2, 1.5x its smallest budget; 815 of 1,018
     options left): 2.8 s CPU to prove the optimum against 20 s with the binaries (and not proven at half the
-    usual work); HF BERT at 2x: 1.9 s against 4.5 s; the three other sets of each are skipped."""
+    usual work); HF BERT at 2x: 1.9 s against 4.5 s; the three other sets of each are skipped.
+
+    `held`: the ILPs also count the gradients held beside each op (`build_flat(held=True)`): closer to what the
+    plan's accounting counts, so used once an answer without them was refused (`solve._fixed`)."""
     if not applies(ip) or not sol.choice:
         return None
     start = time.perf_counter()
@@ -163,7 +169,7 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
         if any(len(k) == 0 for k in keep):
             continue  # every assignment checkpointing this set takes at least `target`
         found, holds, note = _solve_set(ip, sets, keep, pairs, choice if mine else None, target, solver, deadline,
-                                        work_limit)
+                                        work_limit, held)
         kept, solved = kept + sum(map(len, keep)), solved + 1
         proves.append(min(holds, target))
         if found is not None and found[2] < best[2] * (1 - GAP_TOLERANCE):
@@ -190,8 +196,8 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
 
 
 def _solve_set(ip: IndexedProblem, sets: frozenset[int], keep: list[np.ndarray], pairs: list[np.ndarray],
-               start: list[int] | None, target: float, solver: str, deadline: float, work_limit: int | None
-               ) -> tuple[tuple[list[int], list[int], float, int] | None, float, str]:
+               start: list[int] | None, target: float, solver: str, deadline: float, work_limit: int | None,
+               held: bool = False) -> tuple[tuple[list[int], list[int], float, int] | None, float, str]:
     """The flat ILP over the options `keep` and the pairs of them that can beat `target`, with the blocks `sets`
     checkpointed: (its answer as (choice, blocks, time, peak) where one fits, else None; the least time the
     assignments checkpointing `sets` can hold, -inf where unknown; what stopped it, "" if nothing).
@@ -206,7 +212,7 @@ def _solve_set(ip: IndexedProblem, sets: frozenset[int], keep: list[np.ndarray],
             allowed[k] = bnd[np.ix_(keep[e.src], keep[e.dst])] < target
             if initial is not None:
                 allowed[k][initial[e.src], initial[e.dst]] = True
-    built = build_flat(left, "time", left.budget, allowed=allowed, checkpointed=sets)
+    built = build_flat(left, "time", left.budget, allowed=allowed, checkpointed=sets, held=held)
     mip_start = None if initial is None or built.encode is None else built.encode(initial, sorted(sets))
     res = solve_milp(built.model, solver=solver, time_limit=deadline - time.perf_counter(), work_limit=work_limit,
                      mip_start=mip_start, options=PROVE_OPTIONS, cutoff=np.inf if start is not None else target * built.scale)

@@ -19,6 +19,9 @@ Formulation (memory in units of `IndexedProblem.memory_unit()` bytes, time scale
   and-vector of its node's one-hot and k.
 * T >= sum_p transient_v[p]·s_v[p] for every node, T >= sum_{p,q} transient_e[p, q]·e[p, q] for every edge
   whose conversions need memory (pair variables as above); memory = state + saved - dropped + kept + T <= budget.
+* With `held=True`, T >= each `Problem.held_beside` row too: an op's working set plus the gradients the backward
+  holds beside it, on their producers' one-hots (and pair variables), at a recomputation on the block's
+  and-vectors (`_held_rows`).
 """
 
 from __future__ import annotations
@@ -228,12 +231,17 @@ class IlpBuilder:
 
 
 def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
-               allowed: dict[int, np.ndarray] | None = None, checkpointed: frozenset[int] | None = None) -> BuiltModel:
+               allowed: dict[int, np.ndarray] | None = None, checkpointed: frozenset[int] | None = None,
+               held: bool = False) -> BuiltModel:
     """The flat ILP of the module docstring for `ip`. `allowed`: per edge (its index in `ip.edges`, both ends
     with several choices), a boolean matrix of the pairs of choices an answer may take; the others are ruled
     out (`fixing.prove`: no faster answer takes them). `checkpointed`: the blocks checkpointed, fixed (no
     checkpoint binaries: every and-vector of a block in it is its node's one-hot, so the recompute peak rows
-    bind without the relaxation's fractional flags); None: chosen by the ILP."""
+    bind without the relaxation's fractional flags); None: chosen by the ILP. `held`: the gradients held beside
+    each op count in the max term too (`ip.held`, `Problem.held_beside`; time mode): the plan's accounting counts
+    them, the formulas do not, and the rows make the ILP harder, so only where an answer without them was refused
+    (`fixing.prove`; on the 60 tiny HF cells with them in every flat ILP: 2 plans slower, HF LLaMA 8 ranks 1.5x
+    0.00 -> 4.77 % gap, the CPU 128 -> 173 s over the first 27 cells)."""
     allowed = allowed or {}
     b = IlpBuilder(ip)
     s = [b.one_hot(n) for n in ip.sizes]
@@ -250,6 +258,7 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
         if e.saved is not None:
             b.pair_cost(s[e.src], s[e.dst], e.saved.astype(float), b.memory, mask)
     flags: list[int] = []  # per block: its checkpoint binary, or ONE / ZERO where `checkpointed` fixes it
+    lands: dict[int, Callable[[int], np.ndarray]] = {}  # per block that may be checkpointed: its and-vectors
     if ip.checkpointing:
         for blk, members in enumerate(ip.block_nodes):
             if checkpointed is None:
@@ -279,6 +288,7 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
                     most += float(ip.saved[v].max())
                 return expr, most
 
+            lands[blk] = land
             # the recompute peak: those activations beside each op's working set (problem.py)
             for v in members:
                 expr, most = recomputed(v)
@@ -306,6 +316,8 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
                 expr.add(np.array([flags[blk]]), 1.0)
                 flag_exprs.append(expr)
             b.kept_while(s[v], nbytes, flag_exprs)
+    if held and mode == "time":
+        _held_rows(b, ip, s, lands, allowed)
     model = b.finish(mode, budget)
 
     def extract(x: np.ndarray) -> tuple[list[int], list[int]]:
@@ -318,6 +330,62 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
         return values
 
     return BuiltModel(model, b.unit, extract, b.scale, encode)
+
+
+def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: dict[int, Callable[[int], np.ndarray]],
+               allowed: dict[int, np.ndarray]) -> None:
+    """Memory += each `ip.held_saved` copy (`Problem.held_saved`) on its pair variables, less the same on the
+    and-vectors of a checkpointed block, and -= each `ip.held_less` (the same way); T >= each `ip.held` row (`Problem.held_beside`): an op's working set on
+    its node's one-hot (or its
+    conversion's on the edge's pair variables), the gradients held beside it on their producers' one-hots (and
+    pair variables); a row at a block's recomputation only where that block may be checkpointed, its working set
+    and the recomputed activations on the block's and-vectors (zero when it is not)."""
+    edges = {(e.src, e.dst): k for k, e in enumerate(ip.edges)}
+    for u, v, nbytes in ip.held_saved:  # saved all step, unless v's block is checkpointed (then recomputed)
+        k = edges.get((u, v))
+        mask = None if k is None else allowed.get(k)
+        b.memory.add(b.pair_vars(s[u], s[v], mask).ravel(), nbytes.ravel().astype(float))
+        blk = ip.block_of[v]
+        if blk in lands:
+            b.memory.add(b.pair_vars(lands[blk](u), lands[blk](v), mask).ravel(), -nbytes.ravel().astype(float))
+    for v, nbytes in ip.held_less:  # saved bytes the formulas may count twice, unless v's block is checkpointed
+        b.memory.add(s[v], -nbytes.astype(float))
+        blk = ip.block_of[v]
+        if blk in lands:
+            b.memory.add(lands[blk](v), nbytes.astype(float))
+    for row in ip.held:
+        v, blk = row.node, ip.block_of[row.node]
+        if row.recomputation and blk not in lands:
+            continue
+        ends = lands[blk] if row.recomputation else (lambda w: s[w])
+        expr, most = LinExpr(), 0.0
+        for u, nbytes in row.recomputed:
+            expr.add(ends(u), nbytes.astype(float))
+            most += float(nbytes.max())
+        for u, w, nbytes in row.recomputed_pairs:
+            k = edges.get((u, w))
+            expr.add(b.pair_vars(ends(u), ends(w), None if k is None else allowed.get(k)).ravel(),
+                     nbytes.ravel().astype(float))
+            most += float(nbytes.max())
+        expr.add(ends(v), row.own.astype(float))
+        most += float(row.own.max()) + row.floor
+        if row.source is not None:
+            k = edges.get((row.source, v))
+            work = None if k is None else ip.edges[k].transient
+            if work is None:
+                continue
+            expr.add(b.pair_vars(ends(row.source), ends(v), allowed.get(k)).ravel(), work.ravel().astype(float))
+            most += float(work.max())
+        for u, nbytes in row.terms:
+            expr.add(s[u], nbytes.astype(float))
+            most += float(nbytes.max())
+        for u, w, nbytes in row.pairs:
+            k = edges.get((u, w))
+            pairs = b.pair_vars(s[u], s[w], None if k is None else allowed.get(k))
+            expr.add(pairs.ravel(), nbytes.ravel().astype(float))
+            most += float(nbytes.max())
+        expr.const += row.floor
+        b.tops.append((expr, most))
 
 
 def flat_size(ip: IndexedProblem) -> int:

@@ -18,7 +18,7 @@ from cost_models.errors import PlannerError
 from planner.search.solve.frontier import topological_order
 from planner.search.solve.problem import Problem, ProblemEdge
 
-__all__ = ["ProblemError", "IndexedEdge", "IndexedProblem", "fold_fixed_edges", "fold_shared_inputs"]
+__all__ = ["ProblemError", "HeldRow", "IndexedEdge", "IndexedProblem", "fold_fixed_edges", "fold_shared_inputs"]
 
 
 class ProblemError(PlannerError, ValueError):
@@ -47,6 +47,37 @@ def _bytes_array(values: list[int], what: str) -> np.ndarray:
     if np.any(arr < 0):
         raise ProblemError(f"{what} has negative bytes {values}; memory sizes must be >= 0")
     return arr
+
+
+@dataclass(frozen=True)
+class HeldRow:
+    """A `Problem.held_beside` entry by node index: at an op of node `node`, own[c] under its choice c, nbytes[j]
+    per (node, nbytes) of `terms` under that node's choice j, nbytes[i, j] per (a, b, nbytes) of `pairs`, plus
+    `floor`; at a checkpointed block's recomputation where `recomputation`; with the working set of the conversion
+    into it from node `source` (the edge between them) where that is not None."""
+
+    node: int
+    own: np.ndarray
+    terms: list[tuple[int, np.ndarray]]
+    floor: int
+    recomputation: bool
+    source: int | None
+    pairs: list[tuple[int, int, np.ndarray]]
+    recomputed: list[tuple[int, np.ndarray]]  # with `recomputation`: per earlier node of the block, its bytes
+    recomputed_pairs: list[tuple[int, int, np.ndarray]]  # ... and per pair of nodes
+
+    def value(self, choice: Sequence[int]) -> int:
+        """The bytes of the row's own, terms, pairs and floor under an assignment (not the conversion's nor the
+        recomputed activations of `recomputed` and `recomputed_pairs`)."""
+        return (int(self.own[choice[self.node]]) + self.floor + sum(int(b[choice[u]]) for u, b in self.terms)
+                + sum(int(b[choice[u], choice[w]]) for u, w, b in self.pairs))
+
+    def restricted(self, keep: list[np.ndarray]) -> HeldRow:
+        """The row with node v's options cut to keep[v] (`fixing.restrict`)."""
+        return HeldRow(self.node, self.own[keep[self.node]], [(u, b[keep[u]]) for u, b in self.terms], self.floor,
+                       self.recomputation, self.source, [(u, w, b[np.ix_(keep[u], keep[w])]) for u, w, b in self.pairs],
+                       [(u, b[keep[u]]) for u, b in self.recomputed],
+                       [(u, w, b[np.ix_(keep[u], keep[w])]) for u, w, b in self.recomputed_pairs])
 
 
 class IndexedProblem:
@@ -82,6 +113,8 @@ class IndexedProblem:
         self._read_edges()
         self._read_blocks()
         self._read_shared()
+        self._read_held()
+        self._read_held_saved()
 
     @property
     def n(self) -> int:
@@ -225,6 +258,59 @@ class IndexedProblem:
             if not k.blocks:
                 raise ProblemError(f"shared input {k.node!r} names no blocks; list the blocks that read it")
             self.shared.append((v, nbytes, frozenset(self.block_index(b) for b in k.blocks)))
+
+    @property
+    def has_held(self) -> bool:
+        """Whether the problem has rows the flat ILP counts only with `held=True` (`Problem.held_beside`,
+        `held_saved`, `held_less`)."""
+        return bool(self.held or self.held_saved or self.held_less)
+
+    def _choice_bytes(self, values: Sequence[int], v: int, what: str) -> np.ndarray:
+        """Bytes per choice of node v, checked (`what` names them in the error)."""
+        arr = _bytes_array(list(values), what)
+        if len(arr) != self.sizes[v]:
+            raise ProblemError(f"{what} has {len(arr)} entries; expected {self.sizes[v]} (one per choice of "
+                               f"{self.names[v]!r})")
+        return arr
+
+    def _read_held_saved(self) -> None:
+        """`held_saved[k]` per `Problem.held_saved` entry: (src's index, node's index, bytes per (src's choice,
+        node's choice)); `held_less[k]` per `Problem.held_less` entry: (node's index, bytes per its choice)."""
+        self.held_saved = [x for h in self.problem.held_saved
+                           for x in self._pair_bytes([(h.src, h.node, h.nbytes)], f"held_saved {h.node!r}")]
+        self.held_less = [(v, self._choice_bytes(h.nbytes, v, f"held_less {h.node!r}"))
+                          for h in self.problem.held_less for v in [self._node(h.node, f"held_less {h.node!r}")]]
+
+    def _pair_bytes(self, given: list[tuple[str, str, list[list[int]]]], where: str
+                    ) -> list[tuple[int, int, np.ndarray]]:
+        """(a, b, bytes per (a's choice, b's choice)) entries by node index, checked."""
+        out = []
+        for a, b, nbytes in given:
+            ia, ib = self._node(a, where), self._node(b, where)
+            arr = _bytes_array(np.asarray(nbytes), f"{where} bytes of ({a!r}, {b!r})")
+            if arr.shape != (self.sizes[ia], self.sizes[ib]) or ia == ib:
+                raise ProblemError(f"{where} bytes of ({a!r}, {b!r}) have shape {arr.shape}; expected "
+                                   f"{(self.sizes[ia], self.sizes[ib])} for two different nodes")
+            out.append((ia, ib, arr))
+        return out
+
+    def _read_held(self) -> None:
+        """`held[k]` per `Problem.held_beside` entry, with node indices and arrays (`HeldRow`)."""
+        self.held: list[HeldRow] = []
+        for h in self.problem.held_beside:
+            where = f"held_beside {h.node!r}"
+            v = self._node(h.node, where)
+
+            terms = [(u, self._choice_bytes(nbytes, u, f"{where} bytes of {name!r}"))
+                     for name, nbytes in h.held for u in [self._node(name, where)]]
+            pairs, recomputed_pairs = self._pair_bytes(h.pairs, where), self._pair_bytes(h.recomputed_pairs, where)
+            source = None if h.conversion_from is None else self._node(h.conversion_from, where)
+            recomputed = [(u, self._choice_bytes(nbytes, u, f"{where} recomputed bytes of {name!r}"))
+                          for name, nbytes in h.recomputed for u in [self._node(name, where)]]
+            if (recomputed or recomputed_pairs) and not h.recomputation:
+                raise ProblemError(f"{where} has recomputed bytes but is not at a recomputation")
+            self.held.append(HeldRow(v, self._choice_bytes(h.own, v, f"{where} own"), terms, int(h.floor),
+                                     bool(h.recomputation), source, pairs, recomputed, recomputed_pairs))
 
     def shared_bytes(self, choice: Sequence[int], checkpointed: Iterable[int]) -> int:
         """The shared inputs kept by the checkpointed blocks `checkpointed` (problem.py's formula)."""

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "Problem", "Solution", "GAP_TOLERANCE", "NOT_PROVEN", "relative_gap"]
+__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "HeldBeside", "HeldLess", "HeldSaved", "Problem", "Solution", "GAP_TOLERANCE", "NOT_PROVEN", "relative_gap"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,62 @@ class SharedInput:
 
 
 @dataclass
+class HeldBeside:
+    """Bytes the backward holds beside one op's working set that other nodes' choices set: the activation
+    gradients waiting there (`planner.search.held`). At that op of node `node`: its working set own[c] under
+    `node`'s choice c, plus nbytes[j] for each (other node, nbytes) in `held` taking choice j, plus `floor`.
+    With `recomputation`, the op is where its checkpointed block re-runs its forward: the row holds only when
+    `node`'s block is checkpointed, beside the activations the block recomputes before the op: per (earlier node of
+    the block, nbytes) in `recomputed`, nbytes[j] under its choice j, and those of `node`'s own ops up to the op in
+    `own` (at least what the plan counts: kept storages saved again left out), and per (a, b, nbytes) in
+    `recomputed_pairs`, nbytes[i][j] where a takes i and b takes j (a view of a kept tensor that is a storage of
+    its own where its input reaches it converted). With
+    `conversion_from`, the working set is that of the conversion into the op from that node (the problem's
+    edge between the two, of which it is the only conversion) beside `own` (then only the gradients of `node`'s
+    own ops). `pairs`: (node a, node b, nbytes[i][j]) bytes held where a takes choice i and b choice j (a gradient
+    sharing the op's output's storage unless the op's passthrough breaks, which both ends' layouts decide). `floor`
+    may be negative: a term counted only under a condition is its bytes plus its most where the condition holds
+    (a pair term) less that most.
+
+    A lower bound of what the plan's accounting counts there, which the formulas (`evaluate`) leave out: the
+    flat ILP adds each as one more candidate of its max term (tighter bounds, fewer answers the accounting
+    refuses); the other solvers relax it away."""
+
+    node: str
+    own: list[int]
+    held: list[tuple[str, list[int]]]
+    floor: int = 0
+    recomputation: bool = False
+    conversion_from: str | None = None
+    pairs: list[tuple[str, str, list[list[int]]]] = field(default_factory=list)
+    recomputed: list[tuple[str, list[int]]] = field(default_factory=list)
+    recomputed_pairs: list[tuple[str, str, list[list[int]]]] = field(default_factory=list)
+
+
+@dataclass
+class HeldSaved:
+    """Bytes node `node` saves beyond its choices' saved bytes, alive all step (unless its block is checkpointed:
+    then recomputed, which `HeldBeside` rows count), that the formulas leave out: nbytes[i][j] where `src` takes
+    choice i and `node` choice j (a copy of an input the formulas count at an earlier node, kept where the
+    input reaches `node` converted; `planner.search.held.saved_copies`). The flat ILP counts them with its
+    held rows."""
+
+    src: str
+    node: str
+    nbytes: list[list[int]]
+
+
+@dataclass
+class HeldLess:
+    """Bytes the formulas count in node `node`'s saved bytes under its choice i, nbytes[i], that the plan may count
+    at an earlier node (a storage saved twice: `planner.search.held.saved_twice`); the flat ILP with held rows takes
+    them off (its memory row must not count more than the plan's)."""
+
+    node: str
+    nbytes: list[int]
+
+
+@dataclass
 class Problem:
     nodes: list[ProblemNode]
     edges: list[ProblemEdge]
@@ -124,6 +180,9 @@ class Problem:
     # groups of labels (e.g. ("1d_col", "1d_row")) worth trying on every labelled node at once
     uniform_groups: list[tuple[str, ...]] = field(default_factory=list)
     shared_inputs: list[SharedInput] = field(default_factory=list)
+    held_beside: list[HeldBeside] = field(default_factory=list)
+    held_saved: list[HeldSaved] = field(default_factory=list)
+    held_less: list[HeldLess] = field(default_factory=list)
 
 
 GAP_TOLERANCE = 1e-4  # relative gap at which an answer counts as optimal

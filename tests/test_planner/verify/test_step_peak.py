@@ -132,7 +132,7 @@ def test_recomputation_waits_with_the_gradient_at_the_block_end(hf: ModelGraph) 
             break
     own = plain[[a.node for a in plain].index("addmm_3")].cost.transient_bytes
     # dY, dX, the transposed dW's copy, and the residual stream's gradient waiting beside the MLP
-    # (planner.plans.grad_buffers: add_5's (4, 32, 128) fp32, read again by add_8 after the dropout)
+    # (cost_models.grad_buffers: add_5's (4, 32, 128) fp32, read again by add_8 after the dropout)
     assert own == 128 * 128 * 4 + 128 * 512 * 4 + 512 * 128 * 4 + 4 * 32 * 128 * 4
     # the gradient waiting through the recomputation is addmm_3's own output gradient here (in `own`); the
     # block's input, which its first layer norm saves, is a kept input: the recomputation saves that same

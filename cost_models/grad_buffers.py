@@ -23,9 +23,75 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from cost_models.edges import carries_gradient, grad_flow
 from cost_models.ops import OpNode
 
-__all__ = ["gradient_buffers", "gradients_alive"]
+__all__ = ["gradient_buffers", "gradients_alive", "held_groups", "identity_aliases", "passthrough_candidates",
+           "tracked_gradients"]
+
+
+def tracked_gradients(nodes: Sequence[OpNode]) -> list[str]:
+    """The ops whose output's gradient `gradient_buffers` tracks: single-output ops (not the graph's inputs or
+    output) whose output carries a gradient back (`grad_flow`, `carries_gradient`); a multi-output op, e.g.
+    split, prices its parts' gradients itself."""
+    flows = grad_flow(nodes)
+    return [op.name for op in nodes if flows[op.name] and len(op.outputs) == 1
+            and op.kind not in ("input", "output") and carries_gradient(op.out)]
+
+
+def identity_aliases(nodes: Sequence[OpNode]) -> dict[str, str]:
+    """Ops whose output is their input tensor itself (dropout with p = 0 or not training returns its
+    input): op name -> the op that produced that tensor, so that saved-tensor keys naming either count once
+    (the softmax output saved by softmax and by the attention matmul behind a p = 0 dropout)."""
+    alias: dict[str, str] = {}
+    for op in nodes:
+        if op.kind == "dropout" and op.inputs and (float(op.attrs.get("p", 0.5)) == 0.0
+                                                   or not op.attrs.get("training", True)):
+            alias[op.name] = alias.get(op.inputs[0], op.inputs[0])
+    return alias
+
+
+def passthrough_candidates(nodes: Sequence[OpNode]) -> dict[str, tuple[OpNode, int]]:
+    """Tensor -> (its last reader, the argument it is there), where that reader can hand its output's
+    gradient back to it unchanged (the same storage) under some layouts: an identity dropout, or an add of
+    a tensor of the output's shape (no broadcasting). It does where the tensor reaches it with no
+    conversion (the plan's accounting checks that for the layouts chosen); every passthrough of any
+    choice of layouts is here."""
+    last: dict[str, OpNode] = {}
+    for op in nodes:
+        if op.kind != "output":
+            for src in op.inputs:
+                last[src] = op
+    alias = identity_aliases(nodes)
+    names = {op.name for op in nodes}
+    out: dict[str, tuple[OpNode, int]] = {}
+    for src, op in last.items():
+        if op.name not in alias and (op.kind != "elementwise" or op.attrs.get("fn") != "add"):
+            continue
+        arg = op.inputs.index(src)
+        if src in names and op.input_meta[arg].shape == op.out.shape:
+            out[src] = (op, arg)
+    return out
+
+
+def held_groups(nodes: Sequence[OpNode]) -> tuple[list[tuple[dict[str, list[str]], list[str]]], dict[str, str]]:
+    """What `gradient_buffers` can count beside each op's own working set, whatever the layouts: per op (forward
+    order), the tracked tensors (`tracked_gradients`) whose gradients wait there or are its inputs' open
+    buffers, by the storage they may share (root -> members; `passthrough_candidates`: every passthrough some
+    layouts make, so a group of several may be one storage or several, a group of one is one), without the
+    group of the op's own output, and the members of that group waiting there (they share the op's output's
+    storage only where the op hands its gradient on unchanged: counted where its passthrough breaks); and each
+    op's root (the group it is in). The solver's lower bound of those gradients (`planner.search.held`) counts
+    a group of one at its tensor's bytes, a larger one at the least of its members'."""
+    merges = {src: op.name for src, (op, _) in passthrough_candidates(nodes).items()}
+    roots = {op.name: _root(op.name, merges) for op in nodes}
+    out: list[tuple[dict[str, list[str]], list[str]]] = []
+    for _, op, alive, _ in _sweep(nodes, dict.fromkeys(tracked_gradients(nodes), 0), merges):
+        own = roots[op.name]
+        out.append(({r: list(names) for r, (_, names) in alive.items() if r != own},
+                    list(alive[own][1]) if own in alive else []))
+    return out, roots
+
 
 def _readers(nodes: Sequence[OpNode]) -> dict[str, list[int]]:
     """Producer name -> forward indices of the ops that read its output and send a gradient back (the
@@ -73,7 +139,7 @@ def gradient_buffers(nodes: Sequence[OpNode], grad_bytes: dict[str, int], own_tr
         opened = sum(mine.values())
         work = max(own_transient[i] + opened, opened + 2 * max(mine.values(), default=0))
         skip = set(mine) | {_root(op.name, passthrough)}
-        waiting = sum(nbytes for r, (_, nbytes) in alive.items() if r not in skip)
+        waiting = sum(nbytes for r, (nbytes, _) in alive.items() if r not in skip)
         extra = also[i] if also is not None else None
         if extra is not None and _root(extra[0], passthrough) not in skip | set(alive):
             waiting += extra[1]
@@ -90,7 +156,7 @@ def gradients_alive(nodes: Sequence[OpNode], grad_bytes: dict[str, int],
     passthrough = passthrough or {}
     out: list[int] = []
     for _, op, alive, mine in _sweep(nodes, grad_bytes, passthrough):
-        held = {r: nbytes for r, (_, nbytes) in alive.items()} | mine
+        held = {r: nbytes for r, (nbytes, _) in alive.items()} | mine
         if op.name in grad_bytes:
             held.setdefault(_root(op.name, passthrough), grad_bytes[op.name])
         out.append(sum(held.values()))
@@ -98,9 +164,9 @@ def gradients_alive(nodes: Sequence[OpNode], grad_bytes: dict[str, int],
 
 
 def _sweep(nodes: Sequence[OpNode], grad_bytes: dict[str, int], passthrough: dict[str, str]
-           ) -> Iterator[tuple[int, OpNode, dict[str, list[int]], dict[str, int]]]:
-    """Per op i (forward order): (i, op, the waiting gradients there (root -> [count, bytes]), the open
-    buffers of its inputs (root -> bytes)); a sweep over the forward order."""
+           ) -> Iterator[tuple[int, OpNode, dict[str, tuple[int, list[str]]], dict[str, int]]]:
+    """Per op i (forward order): (i, op, the waiting gradients there (root -> (their bytes, the tensors
+    waiting that share it)), the open buffers of its inputs (root -> bytes)); a sweep over the forward order."""
     readers = _readers(nodes)
     index = {op.name: i for i, op in enumerate(nodes)}
     # tensors waiting at op i: produced before i and last read after i
@@ -112,17 +178,16 @@ def _sweep(nodes: Sequence[OpNode], grad_bytes: dict[str, int], passthrough: dic
             continue
         starts.setdefault(index[name] + 1, []).append(name)
         ends.setdefault(max(users) - 1, []).append(name)
-    alive: dict[str, list[int]] = {}  # root -> [how many waiting tensors share it, their gradient's bytes]
+    alive: dict[str, tuple[int, list[str]]] = {}  # root -> (the first waiting tensor's gradient bytes, those waiting)
     for i, op in enumerate(nodes):
         for name in starts.get(i, ()):
-            r = _root(name, passthrough)
-            alive.setdefault(r, [0, grad_bytes[name]])[0] += 1
+            alive.setdefault(_root(name, passthrough), (grad_bytes[name], []))[1].append(name)
         # the open buffers of the op's own inputs (a later op read them too)
         mine = {_root(src, passthrough): grad_bytes[src] for src in dict.fromkeys(op.inputs)
                 if src in grad_bytes and max(readers.get(src, [i])) > i}
         yield i, op, alive, mine
         for name in ends.get(i, ()):
             r = _root(name, passthrough)
-            alive[r][0] -= 1
-            if not alive[r][0]:
+            alive[r][1].remove(name)
+            if not alive[r][1]:
                 del alive[r]

@@ -1,9 +1,9 @@
-"""planner.plans.grad_buffers: the activation gradients autograd holds beside an op's working set."""
+"""cost_models.grad_buffers: the activation gradients autograd holds beside an op's working set."""
 
 from __future__ import annotations
 
+from cost_models.grad_buffers import gradient_buffers
 from cost_models.ops import OpNode
-from planner.plans.grad_buffers import gradient_buffers
 
 
 def _ops(*spec: tuple[str, list[str]]) -> list[OpNode]:
