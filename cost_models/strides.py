@@ -203,7 +203,7 @@ def _strides_of(op: OpNode, memo: Mapping[str, tuple[int, ...] | None], device: 
 
 def _merges(in_shape: Sequence[int], out_shape: Sequence[int]) -> bool:
     """Whether reshaping `in_shape` to `out_shape` merges two or more dims of size > 1 (needs contiguity)."""
-    from cost_models.strategies.views import _groups
+    from cost_models.strategies.views import _groups  # here: the strategies import this module
 
     groups = _groups(list(in_shape), list(out_shape))
     return groups is None or any(sum(in_shape[d] > 1 for d in gi) > 1 for gi, _ in groups)

@@ -35,7 +35,7 @@ from cost_models.strategies import StrategyError, enumerate_strategies, mark_gra
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 from planner.search.decisions import Decision, Enumerated, Grouped
 from planner.search.held import held_beside, saved_copies, saved_twice
-from planner.search.price_nodes import _out_layout, price_choices, producer_keys
+from planner.search.price_nodes import _out_layout, price_choices, producer_keys, saved_before
 from planner.search.schemes import SchemeError, SchemeUnavailable, expand_schemes, restrict_schemes
 from planner.search.solve import fixing
 from planner.search.solve.problem import Block, HeldLess, HeldSaved, Problem, ProblemEdge, ProblemNode, SharedInput
@@ -413,11 +413,12 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
 
     # the copies the problem counting a tensor once leaves out (none counting apart: every decision counts its own),
     # and the storages it may count twice
-    copies = saved_copies(graph, en, g, shareable) if small else []
-    twice = saved_twice(graph, en, g, shareable, device) if small else []
+    before = saved_before(en, g, shareable) if small else {}
+    copies = saved_copies(graph, en, g, before) if small else []
+    twice = saved_twice(graph, en, g, before, device) if small else []
     problem, step_problem = problems(pnodes, step_nodes, copies, twice)
     apart_nodes, _, apart_step = price_choices(en, g, bytes_per_param, optimizer)
-    apart = None if apart_nodes == pnodes else problems(apart_nodes, apart_step, [],
-                                                        saved_twice(graph, en, g, frozenset(), device) if small else [])
+    apart = None if apart_nodes == pnodes else problems(
+        apart_nodes, apart_step, [], saved_twice(graph, en, g, saved_before(en, g, frozenset()), device) if small else [])
     return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,
                         g.decision_of, en.unsupported, step_problem, apart)

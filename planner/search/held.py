@@ -22,16 +22,18 @@ passthrough breaks (a pair term); a saved tensor that may be a view of a storage
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 
 from cost_models.grad_buffers import held_groups, passthrough_candidates
+from cost_models.layout import Layout
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
 from cost_models.strategies.base import tensor_key
 from cost_models.strategy import Strategy
 from cost_models.strides import is_identity, is_view, runtime_strides
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.price_nodes import _out_layout, saved_before
+from planner.search.price_nodes import _out_layout
 from planner.search.solve.problem import HeldBeside, HeldLess, HeldSaved
 from planner.search.tied import tied_uses
 from planner.trace.graph import ModelGraph
@@ -55,14 +57,22 @@ def _received(key: str, op: OpNode, strat: Strategy, g: Grouped, d: Decision) ->
                  and g.decision_of[src] != d.name and key == tensor_key(src, strat.inputs[a])), None)
 
 
-def saved_copies(graph: ModelGraph, en: Enumerated, g: Grouped, shareable: AbstractSet[str]) -> list[HeldSaved]:
+def _arrives(src: OpNode, reader: OpNode, want: Layout | None, en: Enumerated, g: Grouped) -> tuple[str, list[bool]]:
+    """(the decision of `src`, per its choice whether `src`'s output reaches `reader` in layout `want`, unconverted)."""
+    d = g.decisions[g.decision_of[src.name]]
+    k = d.ops.index(src.name)
+    return d.name, [want is not None and want == _out_layout(en.strategies[src.name][d.members[k][c]], src, reader)
+                    for c in range(len(d.members[0]))]
+
+
+def saved_copies(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[str, AbstractSet[str]]
+                 ) -> list[HeldSaved]:
     """The copies of their inputs that decisions save beyond the problem's count: an op saving an input as it
     receives it from another decision, where the problem counts that tensor at an earlier decision only
     (`saved_before`: q, k and v saving the layer's normalized input), keeps a copy of its own where the input
     reaches it converted (the plan's `<key>@<op>`). Per (producer's decision, decision): those bytes per
-    (producer's choice, decision's choice), once per tensor of a decision."""
+    (producer's choice, decision's choice), once per tensor of a decision. `before`: the problem's `saved_before`."""
     nodes = {n.name: n for n in graph.nodes}
-    before = saved_before(en, g, shareable)
     tables: dict[tuple[str, str], list[list[int]]] = {}
     for d in g.decisions.values():
         n = len(d.members[0])
@@ -75,33 +85,29 @@ def saved_copies(graph: ModelGraph, en: Enumerated, g: Grouped, shareable: Abstr
                     if arg is None or t.key in received:
                         continue
                     received.add(t.key)
-                    src = nodes[node.inputs[arg]]
-                    du = g.decisions[g.decision_of[src.name]]
-                    ku = du.ops.index(src.name)
-                    table = tables.setdefault((du.name, d.name), [[0] * n for _ in range(len(du.members[0]))])
-                    for cu in range(len(du.members[0])):
-                        if strat.inputs[arg] != _out_layout(en.strategies[src.name][du.members[ku][cu]], src, node):
-                            table[cu][c] += t.bytes
+                    u, unconverted = _arrives(nodes[node.inputs[arg]], node, strat.inputs[arg], en, g)
+                    table = tables.setdefault((u, d.name), [[0] * n for _ in unconverted])
+                    for cu, same in enumerate(unconverted):
+                        table[cu][c] += 0 if same else t.bytes
     return [HeldSaved(u, v, table) for (u, v), table in tables.items() if any(map(any, table))]
 
 
-def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, shareable: AbstractSet[str],
+def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[str, AbstractSet[str]],
                 device: str = "cuda") -> list[HeldLess]:
-    """What the formulas count in a decision's saved bytes that the plan may count at an earlier one: a tensor
-    the problem counts at a decision of a block (not at an earlier one of its block, `saved_before`) whose
-    storage, made outside every block, an earlier decision anywhere may save (HF LLaMA's rotary tables, saved by
-    every layer through views). Per decision,
-    those bytes per choice, taken off by the flat ILP with held rows, which must not count more than the plan."""
+    """What the formulas count in a decision's saved bytes that the plan may count at an earlier one: a tensor the
+    problem counts at a decision of a block (not at an earlier one of its block: `before`, the problem's
+    `saved_before`) whose storage, made outside every block, an earlier decision anywhere may save (HF LLaMA's
+    rotary tables, saved by every layer through views). Only those: the others a decision may or may not save are
+    left to the formulas (taking every one off cost HF LLaMA's proofs more than it gained). Per decision, those
+    bytes per choice, taken off by the flat ILP with held rows, which must not count more than the plan."""
     saves = _Saves(graph, en, g, device)
-    before, anywhere = saved_before(en, g, shareable), saves.earlier(per_block=False)
-
+    anywhere = saves.earlier(per_block=False)
     in_blocks = {n for b in graph.blocks for n in b.nodes}
 
-    def made_in(key: str, d: Decision) -> bool:
-        """Whether a saved tensor is not a block's of a storage made outside every block (HF LLaMA's rotary tables,
-        which every layer saves through views): only those are taken off (the others a decision may or may not
-        save are left to the formulas: taking every one off cost HF LLaMA's proofs more than it gained)."""
-        return d.block is None or (saves.storage(key)[1] or _head(key)) in in_blocks
+    def taken_off(key: str, d: Decision) -> bool:
+        return (d.block is not None and (saves.storage(key)[1] or _head(key)) not in in_blocks
+                and not saves.anew(key, anywhere[d.name])[1])
+
     out: list[HeldLess] = []
     for d in g.decisions.values():
         less = []
@@ -109,8 +115,7 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, shareable: Abstra
             counted: dict[str, int] = {}  # the keys the problem counts here (`price_choices`)
             for op, idx in zip(d.ops, d.members):
                 counted |= {t.key: t.bytes for t in en.costs[op][idx[c]].saved if t.key not in before[d.name]}
-            less.append(sum(nbytes for key, nbytes in counted.items()
-                            if not saves.anew(key, anywhere[d.name])[1] and not made_in(key, d)))
+            less.append(sum(nbytes for key, nbytes in counted.items() if taken_off(key, d)))
         if any(less):
             out.append(HeldLess(d.name, less))
     return out
@@ -286,13 +291,10 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                     if t.key in received:  # the same input as another op of d receives it: one storage at least
                         continue
                     received.add(t.key)
-                    src = nodes[node.inputs[arg]]
-                    du = g.decisions[g.decision_of[src.name]]
-                    ku = du.ops.index(src.name)
-                    table = tables.setdefault(du.name, [[0] * n for _ in range(len(du.members[0]))])
-                    for cu in range(len(du.members[0])):
-                        copy = strat.inputs[arg] != _out_layout(en.strategies[src.name][du.members[ku][cu]], src, node)
-                        table[cu][c] += t.bytes if copy or anew else 0
+                    u, unconverted = _arrives(nodes[node.inputs[arg]], node, strat.inputs[arg], en, g)
+                    table = tables.setdefault(u, [[0] * n for _ in unconverted])
+                    for cu, same in enumerate(unconverted):
+                        table[cu][c] += t.bytes if anew or not same else 0
             # a view and a tensor of the op it views may be one storage: the larger of them
             viewed = {sid[:-2] for sid in most if sid.endswith(":*")}
             groups: dict[str, int] = {}
@@ -318,17 +320,16 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         both decisions' choices."""
         reader, arg = links[op.name]
         du, dr = g.decisions[g.decision_of[op.name]], g.decisions[g.decision_of[reader.name]]
-        ku, kr = du.ops.index(op.name), dr.ops.index(reader.name)
-
-        def breaks(cu: int, cr: int) -> int:
-            out = _out_layout(en.strategies[op.name][du.members[ku][cu]], op, reader)
+        kr = dr.ops.index(reader.name)
+        # per choice of the reader's decision: per choice of op's, whether the passthrough holds
+        holds = []
+        for cr in range(len(dr.members[0])):
             ins = en.strategies[reader.name][dr.members[kr][cr]].inputs
-            return least * int(not (arg < len(ins) and ins[arg] == out))
-
-        n_u, n_r = len(du.members[0]), len(dr.members[0])
+            holds.append(_arrives(op, reader, ins[arg] if arg < len(ins) else None, en, g)[1])
         if dr is du:
-            return du.name, [breaks(c, c) for c in range(n_u)]
-        return du.name, dr.name, [[breaks(cu, cr) for cr in range(n_r)] for cu in range(n_u)]
+            return du.name, [0 if holds[c][c] else least for c in range(len(holds))]
+        return du.name, dr.name, [[0 if holds[cr][cu] else least for cr in range(len(holds))]
+                                  for cu in range(len(holds[0]))]
 
     triggers = recomputation_triggers(graph, en, g) if checkpointing else {}
     rows: list[HeldBeside] = []
