@@ -227,6 +227,8 @@ class RankGuard:
                     self._publish_and_stop(self._overdue(cur))
                     return
                 for r in range(self.world_size):
+                    if self._stop.is_set():  # between store calls too: `__exit__` waits for this thread
+                        return
                     if r == self.rank or self.store.check([f"done/{r}"]):
                         continue
                     beat = int(self.store.get(f"beat/{r}")) if self.store.check([f"beat/{r}"]) else -1
@@ -293,7 +295,11 @@ class RankGuard:
             self.store.set(f"done/{self.rank}", "1")
         finally:
             self._stop.set()
-            self._thread.join(timeout=5 * self.poll_s)
+            # The watchdog must be out of the store before the interpreter shuts down: a daemon thread that
+            # returns from a store call during shutdown aborts the process (SIGABRT: the binding's re-taking
+            # of the GIL ends the thread inside a noexcept destructor). It checks the flag between calls,
+            # and the store's own timeout bounds each call.
+            self._thread.join(timeout=self.store.timeout.total_seconds() + self.poll_s)
 
 
 def _publish(store: dist.Store, code: int, text: str) -> tuple[int, str]:

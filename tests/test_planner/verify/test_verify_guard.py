@@ -164,3 +164,41 @@ def test_a_users_training_script_gets_deadlines_with_planner_distributed(tmp_pat
     for r in (0, 1, 2):
         assert "waited more than 3 s in" in outs[r] and "rank 3 is in no collective" in outs[r], outs[r]
         assert "done" not in outs[r]
+
+
+class _SlowStore:
+    """A store whose every call takes `delay_s` (a loaded machine's rendezvous store): the watchdog is inside
+    one of its calls most of the time."""
+
+    def __init__(self, delay_s: float) -> None:
+        import torch.distributed as dist
+
+        self._store, self.delay_s, self.calls = dist.HashStore(), delay_s, 0
+        self.timeout = self._store.timeout
+
+    def __getattr__(self, name: str):
+        call = getattr(self._store, name)
+
+        def slow(*args, **kwargs):
+            self.calls += 1
+            time.sleep(self.delay_s)
+            return call(*args, **kwargs)
+        return slow
+
+
+def test_the_watchdog_has_left_the_store_when_the_block_ends() -> None:
+    """A daemon thread that comes back from a store call while the interpreter shuts down aborts the process
+    (SIGABRT after a passing run, seen in CI): the guard's block must not end while its watchdog is in a
+    store call, however slow the store."""
+    from planner.verify.guard import RankGuard
+
+    store = _SlowStore(delay_s=0.4)
+
+    def no_exit(code: int) -> None:
+        raise AssertionError(f"the guard exited with {code}")
+
+    guard = RankGuard(store, 0, 4, poll_s=0.01, dead_after_s=60, exit=no_exit)
+    with guard:
+        while store.calls < 3:  # the watchdog is inside its first sweep of the peers
+            time.sleep(0.01)
+    assert not guard._thread.is_alive()
