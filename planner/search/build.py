@@ -19,6 +19,8 @@ takes under every choice, so a solution can be turned back into per-op assignmen
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +36,7 @@ from cost_models.optimizer import resolve_optimizer
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.held import held_beside, saved_copies, saved_twice
+from planner.search.held import held_beside, saved_copies, saved_twice, saved_views
 from planner.search.price_nodes import _out_layout, price_choices, producer_keys, saved_before
 from planner.search.schemes import SchemeError, SchemeUnavailable, expand_schemes, restrict_schemes
 from planner.search.solve import fixing
@@ -415,10 +417,13 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
     # and the storages it may count twice
     before = saved_before(en, g, shareable) if small else {}
     copies = saved_copies(graph, en, g, before) if small else []
-    twice = saved_twice(graph, en, g, before, device) if small else []
-    problem, step_problem = problems(pnodes, step_nodes, copies, twice)
+    def held_less(before: Mapping[str, AbstractSet[str]]) -> list[HeldLess]:
+        """What the formulas count beyond the plan (storages saved twice) and short of it (views of larger storages)."""
+        return saved_twice(graph, en, g, before, device) + saved_views(graph, mesh, en, g, before, device) if small else []
+
+    problem, step_problem = problems(pnodes, step_nodes, copies, held_less(before))
     apart_nodes, _, apart_step = price_choices(en, g, bytes_per_param, optimizer)
-    apart = None if apart_nodes == pnodes else problems(
-        apart_nodes, apart_step, [], saved_twice(graph, en, g, saved_before(en, g, frozenset()), device) if small else [])
+    apart = None if apart_nodes == pnodes else problems(apart_nodes, apart_step, [],
+                                                        held_less(saved_before(en, g, frozenset()) if small else {}))
     return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,
                         g.decision_of, en.unsupported, step_problem, apart)

@@ -38,7 +38,7 @@ from planner.search.solve.problem import HeldBeside, HeldLess, HeldSaved
 from planner.search.tied import tied_uses
 from planner.trace.graph import ModelGraph
 
-__all__ = ["held_beside", "recomputation_triggers", "saved_copies", "saved_twice"]
+__all__ = ["held_beside", "recomputation_triggers", "saved_copies", "saved_twice", "saved_views"]
 
 
 # ops whose output may be a view of (or the very) tensor they read (`planner.plans.storage`,
@@ -118,6 +118,68 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[s
             less.append(sum(nbytes for key, nbytes in counted.items() if taken_off(key, d)))
         if any(less):
             out.append(HeldLess(d.name, less))
+    return out
+
+
+def saved_views(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, before: Mapping[str, AbstractSet[str]],
+                device: str = "cuda") -> list[HeldLess]:
+    """What the plan counts beyond the formulas for a decision saving views of a larger storage: the plan counts
+    a view as the whole storage it views (`planner.plans.assemble`), the formulas the view's bytes (HF BERT's
+    position embedding saves its slice of the position-id buffer: 256 of the buffer's 512 B on 8x8). Only where
+    that storage is set whatever the choices (the viewed op, the ops between and the reader's input as it flows
+    have one option each, and each op views by the plan's test), and no other decision may save from it (the
+    plan counts it once). As `HeldLess` entries of negative bytes: the flat ILP with held rows adds them."""
+    saves = _Saves(graph, en, g, device)
+    nodes, memo = saves.nodes, saves._memo
+
+    def root(key: str) -> str:  # the op whose output a saved tensor is, or views
+        return saves.storage(key)[1] or _head(key)
+
+    savers: dict[str, set[str]] = {}  # op -> the decisions that may save its output or a view of it
+    for d in g.decisions.values():
+        for op, idx in zip(d.ops, d.members):
+            for k in set(idx):
+                for t in en.costs[op][k].saved:
+                    savers.setdefault(root(t.key), set()).add(d.name)
+
+    def fixed(name: str) -> Strategy | None:
+        d = g.decisions[g.decision_of[name]]
+        return en.strategies[name][d.members[d.ops.index(name)][0]] if len(d.members[0]) == 1 else None
+
+    def whole(key: str, viewed: str) -> int:
+        """The bytes of the storage `viewed` where `key` is a view of it by the plan's test, else 0."""
+        name = _head(key)
+        strat = fixed(name)
+        if strat is None or key != tensor_key(name, strat.outputs[0]) or len(nodes[name].outputs) != 1:
+            return 0
+        while name != viewed:
+            op, src = nodes[name], nodes[nodes[name].inputs[0]]
+            strat, made = fixed(name), fixed(src.name)
+            if (strat is None or made is None or not op.input_meta or len(src.outputs) != 1 or not strat.inputs
+                    or strat.inputs[0] != _out_layout(made, src, op)
+                    or not is_view(op, runtime_strides(src.name, nodes, device, memo))):
+                return 0
+            name = src.name
+        meta = nodes[viewed].out
+        return fixed(viewed).outputs[0].local_numel(meta.shape, mesh) * meta.itemsize
+
+    out: list[HeldLess] = []
+    for d in g.decisions.values():
+        more = []
+        for c in range(len(d.members[0])):
+            counted: dict[str, dict[str, int]] = {}  # viewed op -> the keys the problem counts here and their bytes
+            size: dict[str, int] = {}  # viewed op -> its storage's bytes (0 where a key is not a plain view of it)
+            for op, idx in zip(d.ops, d.members):
+                for t in en.costs[op][idx[c]].saved:
+                    viewed = root(t.key)
+                    if t.key in before[d.name] or savers[viewed] != {d.name}:
+                        continue
+                    counted.setdefault(viewed, {})[t.key] = t.bytes
+                    own = whole(t.key, viewed) if saves.storage(t.key)[1] is not None else 0
+                    size[viewed] = min(size.get(viewed, own), own)
+            more.append(-sum(max(0, size[v] - sum(keys.values())) for v, keys in counted.items()))
+        if any(more):
+            out.append(HeldLess(d.name, more))
     return out
 
 

@@ -265,9 +265,9 @@ class IndexedProblem:
         `held_saved`, `held_less`)."""
         return bool(self.held or self.held_saved or self.held_less)
 
-    def _choice_bytes(self, values: Sequence[int], v: int, what: str) -> np.ndarray:
-        """Bytes per choice of node v, checked (`what` names them in the error)."""
-        arr = _bytes_array(list(values), what)
+    def _choice_bytes(self, values: Sequence[int], v: int, what: str, signed: bool = False) -> np.ndarray:
+        """Bytes per choice of node v, checked (`what` names them in the error; `signed`: a difference, may be < 0)."""
+        arr = np.asarray(list(values), dtype=np.int64) if signed else _bytes_array(list(values), what)
         if len(arr) != self.sizes[v]:
             raise ProblemError(f"{what} has {len(arr)} entries; expected {self.sizes[v]} (one per choice of "
                                f"{self.names[v]!r})")
@@ -278,7 +278,7 @@ class IndexedProblem:
         node's choice)); `held_less[k]` per `Problem.held_less` entry: (node's index, bytes per its choice)."""
         self.held_saved = [x for h in self.problem.held_saved
                            for x in self._pair_bytes([(h.src, h.node, h.nbytes)], f"held_saved {h.node!r}")]
-        self.held_less = [(v, self._choice_bytes(h.nbytes, v, f"held_less {h.node!r}"))
+        self.held_less = [(v, self._choice_bytes(h.nbytes, v, f"held_less {h.node!r}", signed=True))
                           for h in self.problem.held_less for v in [self._node(h.node, f"held_less {h.node!r}")]]
 
     def _pair_bytes(self, given: list[tuple[str, str, list[list[int]]]], where: str

@@ -162,9 +162,10 @@ class HeldSaved:
 
 @dataclass
 class HeldLess:
-    """Bytes the formulas count in node `node`'s saved bytes under its choice i, nbytes[i], that the plan may count
-    at an earlier node (a storage saved twice: `planner.search.held.saved_twice`); the flat ILP with held rows takes
-    them off (its memory row must not count more than the plan's)."""
+    """Bytes the formulas count in node `node`'s saved bytes under its choice i, nbytes[i], beyond the plan's: a
+    storage the plan may count at an earlier node (saved twice: `planner.search.held.saved_twice`), or negative, a
+    view the plan counts as the larger storage it views (`planner.search.held.saved_views`); the flat ILP with held
+    rows takes them off (its memory row must not count more than the plan's)."""
 
     node: str
     nbytes: list[int]
