@@ -365,10 +365,7 @@ def _refine(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name
     if not prove and fixing.applies(ip) and _worth_refining(out, beaten):
         out = _fixed(search, ip, exact, name, deadline, out, over, PROVE_WORK, held)
     if _worth_refining(out, beaten):
-        found = _fitting(exact, out, search.improve(out, name, deadline), over)
-        if found is not out and not prove and fixing.applies(ip) and _worth_refining(found, beaten):
-            found = _fixed(search, ip, exact, name, deadline, found, over, PROVE_WORK, held)
-        out = found
+        out = _fitting(exact, out, search.improve(out, name, deadline), over)
     if prove and out.status == "feasible" and out.choice and not (beaten is not None and beaten(out.bound)):
         out = _fixed(search, ip, exact, name, deadline, out, over, None, held)
     return sol if out is sol else _as_given(exact, out)
