@@ -19,7 +19,8 @@ from cost_models.optimizer import resolve_optimizer
 from planner.apply.applicable import check_applicable
 from planner.plans.assemble import assemble_plan
 from planner.plans.format import INPUT_MODES, Plan
-from planner.plans.meshes import MeshResult, narrow_least, plan_mesh, plan_meshes, use_room
+from planner.plans.meshes import MeshResult, narrow_least, plan_mesh, use_room
+from planner.plans.workers import plan_meshes
 from planner.search.build import BuiltProblem, SchemeError, build_problem, expand_schemes
 from planner.search.solve import Solution, SolverError
 from planner.trace.graph import ModelGraph

@@ -1,9 +1,5 @@
-"""Plan every candidate mesh shape: build, solve and assemble each one, in parallel processes.
-
-Each mesh shape is an independent problem (its own strategies, costs and solve), so `plan()` runs them in
-forked worker processes, as many at a time as there are CPUs, biggest first, and picks the best plan in
-mesh order (the result does not depend on which worker finishes first). A worker that runs past its hard
-deadline is stopped and its mesh skipped. With one CPU or one mesh it all runs in this process.
+"""Plan one mesh shape: build, solve and assemble it (`plan_mesh`), and the follow-up solves of a mesh (`use_room`,
+`narrow_least`). `planner.plans.workers` runs the meshes side by side.
 
 Per mesh (`plan_mesh`), the assembled plan's accounting decides whether the answer fits: it adds working
 sets the per-choice problem cannot see (a layout conversion's staging buffers, which depend on both
@@ -11,24 +7,15 @@ ends' choices, and the recomputed activations alive beside an op in a checkpoint
 The plan's bound is `solve`'s account: when it exceeds the budget, `solve` tightens its budget by what the plan
 counts beyond the solver's model (at least the excess) and solves again (the one tighten-and-retry loop).
 
-The meshes share the fastest step time of a plan that fits found so far (`Incumbent`, in memory the forked
-workers share): a mesh whose search proves a lower bound above it stops (`solve`'s `beaten`). It could only
-have lost to that plan, so the plan returned never depends on which worker finished first; only the work
-spent on losing meshes does (LLaMA-3-8B on 64 ranks at 20 GiB: the 4x4x4 mesh, 6 % slower than 8x8, is
-stopped in its first round instead of solved three times).
+A mesh is given `beaten(bound)`: whether a plan found elsewhere is faster than every plan a search with that lower
+bound could give (`workers.Incumbent`, shared by the meshes planned side by side); its search then stops.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import gc
 import math
-import multiprocessing as mp
-import os
-import pickle
-import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,17 +24,16 @@ from cost_models.mesh import Mesh
 from planner.plans.assemble import solver_info
 from planner.plans.format import Plan
 from planner.search.build import BuiltProblem, SchemeUnavailable
-from planner.search.solve import Problem, Progress, Solution, evaluate, solve
+from planner.search.solve import Problem, Solution, evaluate, solve
 from planner.search.solve.min_budget import SolveMemo
 from planner.search.solve.problem import GAP_TOLERANCE
 
-__all__ = ["Incumbent", "MeshResult", "WorkerTraceback", "narrow_least", "plan_mesh", "plan_meshes", "use_room"]
+__all__ = ["SOLVES_PER_MESH", "MeshResult", "beats", "narrow_least", "plan_mesh", "use_room"]
 
 _LEAST_ROUNDS = 2  # fits just below the least-memory plan's bound, looking for a smaller budget that fits
 # ... only where the plan counts more than the solver's model for the least-memory answer by over this
 # fraction of it: about what such a fit can win (HF GPT-2 on 2x2x2: 16 KiB more, a fit finds 0.4 % less)
 _LEAST_GAIN = 1e-3
-_GRACE_S = 5.0  # past time_limit per solve, before a worker is stopped
 _BEATEN_MARGIN = 1e-9  # a mesh stops when its lower bound exceeds another mesh's plan by this much (relative)
 _ROOM = 0.01  # the formulas counting this share of the budget more than the best plan: worth one more solve
 _ROOM_GAP = 0.01  # ... unless its answer is proven this close to the formulas' optimum
@@ -64,6 +50,7 @@ _ROOM_BLOCKS = 4
 # layouts on every mesh (4x4x4: 10.7 MB over the budget), so the one counting apart was solved after it: the
 # same plans, 4.5 s of solve for 4x4x4 against 2.8 s.
 _ONCE_BLOCKS = _ROOM_BLOCKS
+SOLVES_PER_MESH = _LEAST_ROUNDS + 3  # `solve` calls of one mesh at most (`plan_mesh`, `use_room`, `narrow_least`)
 
 
 @dataclass
@@ -88,23 +75,6 @@ def beats(objective: float, bound: float) -> bool:
     """Whether a plan of step time `objective` is faster than every plan of a search whose lower bound is `bound`
     (relative margin _BEATEN_MARGIN, above the solvers' float noise)."""
     return bound > objective * (1 + _BEATEN_MARGIN)
-
-
-class Incumbent:
-    """The fastest step time (seconds) of a plan that fits found so far on any mesh, in shared memory that
-    forked workers read and lower. `beaten(bound)`: is that plan faster than every plan a mesh whose
-    lower bound is `bound` could give (relative margin _BEATEN_MARGIN, above the solvers' float noise)?"""
-
-    def __init__(self) -> None:
-        self._best = mp.get_context("fork").Value("d", float("inf"))
-
-    def offer(self, result: MeshResult) -> None:
-        if result.plan is not None:
-            with self._best.get_lock():
-                self._best.value = min(self._best.value, result.objective)
-
-    def beaten(self, bound: float) -> bool:
-        return beats(self._best.value, bound)
 
 
 class _PlanAccount:
@@ -397,114 +367,3 @@ def use_room(best: MeshResult, budget: int,
     if roomier.answer is None:  # the least-memory plan
         return roomier
     return _widened(roomier, best.answer.bound)  # the best answer's bound holds for every answer (`_counted_apart`)
-
-
-def _cost_rank(mesh: Mesh) -> int:
-    """Bigger first: more mesh axes mean many more strategies per op."""
-    return -len(mesh.shape)
-
-
-Job = Callable[[Mesh, Callable[[float], bool]], MeshResult]  # job(mesh, beaten): see plan_mesh
-
-
-def plan_meshes(meshes: list[Mesh], job: Job, *, time_limit: float | None = None,
-                progress: bool = False, workers: int | None = None) -> list[MeshResult]:
-    """`job(mesh, beaten)` for every mesh (`beaten`: the shared `Incumbent`'s), in forked workers (at most `workers`, default the CPU count), results
-    in the order of `meshes`. An exception in a worker is raised here, its worker-side frames attached as
-    its cause (`WorkerTraceback`); with a `time_limit`, a worker past its deadline gives an error result
-    (without one, every solver limit is a count and workers finish)."""
-    if workers is None:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = min(len(meshes), workers)
-    incumbent = Incumbent()
-    order = sorted(range(len(meshes)), key=lambda i: _cost_rank(meshes[i]))
-    if workers <= 1:  # biggest first here too: the smaller meshes' searches then stop once beaten
-        with Progress(progress, f"planner: planning {len(meshes)} mesh shape(s)"):
-            done = {i: _run(job, meshes[i], incumbent) for i in order}
-            return [done[i] for i in range(len(meshes))]
-    ctx = mp.get_context("fork")
-    deadline_s = (float("inf") if time_limit is None
-                  else (_LEAST_ROUNDS + 3) * (time_limit + _GRACE_S))  # solve() calls per mesh at most
-    results: dict[int, MeshResult] = {}
-    running: dict[int, tuple[mp.Process, object, float]] = {}
-    with Progress(progress, f"planner: planning {len(meshes)} mesh shapes in {workers} processes"):
-        try:
-            while order or running:
-                while order and len(running) < workers:
-                    i = order.pop(0)
-                    running[i] = _start(ctx, job, meshes[i], incumbent) + (time.perf_counter(),)
-                for i, (proc, recv, started) in list(running.items()):
-                    if recv.poll(0.02):
-                        try:
-                            kind, value = pickle.loads(recv.recv_bytes())
-                        except EOFError:
-                            kind, value = "result", MeshResult(meshes[i], error="the planning process died")
-                        if kind == "raise":
-                            error, frames = value
-                            raise error from WorkerTraceback(frames)  # the worker's frames, shown as the cause
-                        results[i] = value
-                    elif not proc.is_alive() and not recv.poll(0):
-                        results[i] = MeshResult(meshes[i], error=f"the planning process died (exit {proc.exitcode})")
-                    elif time.perf_counter() - started > deadline_s:
-                        results[i] = MeshResult(meshes[i], error=f"no answer within {deadline_s:g} s (stopped)")
-                    else:
-                        continue
-                    _stop(proc, recv)
-                    del running[i]
-        finally:
-            for proc, recv, _ in running.values():
-                _stop(proc, recv)
-    return [results[i] for i in range(len(meshes))]
-
-
-def _run(job: Job, mesh: Mesh, incumbent: Incumbent) -> MeshResult:
-    result = job(mesh, incumbent.beaten)
-    incumbent.offer(result)
-    return result
-
-
-def _start(ctx, job: Job, mesh: Mesh, incumbent: Incumbent) -> tuple[mp.Process, object]:
-    recv, send = ctx.Pipe(duplex=False)
-
-    def child() -> None:
-        try:
-            out: tuple[str, object] = ("result", _run(job, mesh, incumbent))
-        except BaseException as e:  # raised again in the parent, as it would have been in-process, with its frames
-            out = ("raise", (e, f"planning mesh {mesh} in worker process {os.getpid()}:\n{traceback.format_exc()}"))
-        try:
-            send.send_bytes(pickle.dumps(out))
-        except Exception as e:  # an unpicklable exception: send its text
-            error, frames = out[1]  # type: ignore[misc]
-            send.send_bytes(pickle.dumps(("raise", (RuntimeError(f"{type(error).__name__}: {error} ({e})"), frames))))
-
-    proc = ctx.Process(target=child, daemon=True)
-    # The worker inherits this process's heap (the traced graph, the user's model): frozen, the worker's
-    # garbage collections skip it and do not touch, and so copy, its pages (LLaMA-3-8B on 64 ranks at
-    # 20 GiB, two workers: plan 2.6-2.9 -> 2.2-2.4 s wall).
-    gc.freeze()
-    try:
-        proc.start()
-    finally:
-        gc.unfreeze()
-    send.close()
-    return proc, recv
-
-
-class WorkerTraceback(Exception):
-    """The traceback of an exception raised in a planning worker process, as text: set as the `__cause__`
-    of the exception raised again in the parent, so a printed traceback shows where it was raised (the
-    worker's frames) above the parent's `raise`. (concurrent.futures does the same.)"""
-
-    def __init__(self, frames: str) -> None:
-        super().__init__(frames)
-        self.frames = frames
-
-    def __str__(self) -> str:
-        return "\n" + self.frames.rstrip()
-
-
-def _stop(proc: mp.Process, recv) -> None:
-    if proc.is_alive():
-        proc.kill()
-    proc.join(timeout=5)
-    recv.close()

@@ -23,7 +23,8 @@ from cost_models.errors import PlannerError
 from cost_models.mesh import Mesh
 from planner.cli.app import EXIT_INTERNAL, main
 from planner.plans.format import Plan
-from planner.plans.meshes import MeshResult, WorkerTraceback, plan_meshes
+from planner.plans.meshes import MeshResult
+from planner.plans.workers import WorkerTraceback, plan_meshes
 
 ROOT = str(REPO_ROOT)
 PACKAGES = ("cost_models", "layers3d", "planner")

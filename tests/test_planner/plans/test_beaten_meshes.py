@@ -1,4 +1,4 @@
-"""Meshes planned side by side share the fastest plan found so far (`planner.plans.meshes.Incumbent`): a mesh
+"""Meshes planned side by side share the fastest plan found so far (`planner.plans.workers.Incumbent`): a mesh
 whose lower bound is above it stops early. The plan returned must not depend on which mesh finished first.
 
 HF Llama (zoo, 2 layers) on 8 ranks at 6 MiB, about 3x its smallest budget: 2x2x2 wins (0.34 ms; the
