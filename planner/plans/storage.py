@@ -21,8 +21,8 @@ of the last layer norm (34,816 B, not the 2,048 B of the view).
 
 from __future__ import annotations
 
-from cost_models.strides import is_view, runtime_strides
-from planner.search.build import BuiltProblem, _out_layout
+from planner.search.build import BuiltProblem
+from planner.search.price_nodes import views_as_it_flows
 from planner.trace.graph import ModelGraph
 
 __all__ = ["storage_bases"]
@@ -36,14 +36,10 @@ def storage_bases(graph: ModelGraph, built: BuiltProblem, pick: dict[str, int], 
     nodes = {n.name: n for n in graph.nodes}
     memo: dict[str, tuple[int, ...] | None] = {}
     for op in graph.nodes:
-        if not op.inputs or op.inputs[0] not in nodes or len(op.outputs) != 1 or not op.input_meta:
+        if not op.inputs or op.inputs[0] not in nodes:
             continue
         src = op.inputs[0]
-        producer = nodes[src]
-        strat = built.strategies[op.name][pick[op.name]]
-        if len(producer.outputs) != 1 or not strat.inputs or strat.inputs[0] != _out_layout(
-                built.strategies[src][pick[src]], producer, op):
-            continue
-        if is_view(op, runtime_strides(src, nodes, device, memo)):
+        if views_as_it_flows(op, nodes[src], built.strategies[op.name][pick[op.name]], built.strategies[src][pick[src]],
+                             nodes, device, memo):
             base[op.name] = base.get(src, src)
     return base

@@ -415,15 +415,15 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
 
     # the copies the problem counting a tensor once leaves out (none counting apart: every decision counts its own),
     # and the storages it may count twice
-    before = saved_before(en, g, shareable) if small else {}
-    copies = saved_copies(graph, en, g, before) if small else []
     def held_less(before: Mapping[str, AbstractSet[str]]) -> list[HeldLess]:
         """What the formulas count beyond the plan (storages saved twice) and short of it (views of larger storages)."""
-        return saved_twice(graph, en, g, before, device) + saved_views(graph, mesh, en, g, before, device) if small else []
+        return saved_twice(graph, en, g, before, device) + saved_views(graph, mesh, en, g, before, device)
 
-    problem, step_problem = problems(pnodes, step_nodes, copies, held_less(before))
+    before = saved_before(en, g, shareable) if small else {}
+    copies, less = (saved_copies(graph, en, g, before), held_less(before)) if small else ([], [])
+    problem, step_problem = problems(pnodes, step_nodes, copies, less)
     apart_nodes, _, apart_step = price_choices(en, g, bytes_per_param, optimizer)
-    apart = None if apart_nodes == pnodes else problems(apart_nodes, apart_step, [],
-                                                        held_less(saved_before(en, g, frozenset()) if small else {}))
+    apart = None if apart_nodes == pnodes else problems(
+        apart_nodes, apart_step, [], held_less(saved_before(en, g, frozenset())) if small else [])
     return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,
                         g.decision_of, en.unsupported, step_problem, apart)

@@ -33,7 +33,7 @@ from cost_models.strategies.base import tensor_key
 from cost_models.strategy import Strategy
 from cost_models.strides import is_identity, is_view, runtime_strides
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.price_nodes import _out_layout
+from planner.search.price_nodes import _out_layout, views_as_it_flows
 from planner.search.solve.problem import HeldBeside, HeldLess, HeldSaved
 from planner.search.tied import tied_uses
 from planner.trace.graph import ModelGraph
@@ -132,15 +132,16 @@ def saved_views(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, befor
     saves = _Saves(graph, en, g, device)
     nodes, memo = saves.nodes, saves._memo
 
-    def root(key: str) -> str:  # the op whose output a saved tensor is, or views
-        return saves.storage(key)[1] or _head(key)
+    def root(key: str) -> tuple[str, bool]:  # (the op whose output a saved tensor is or views, whether it views it)
+        viewed = saves.storage(key)[1]
+        return viewed or _head(key), viewed is not None
 
     savers: dict[str, set[str]] = {}  # op -> the decisions that may save its output or a view of it
     for d in g.decisions.values():
         for op, idx in zip(d.ops, d.members):
             for k in set(idx):
                 for t in en.costs[op][k].saved:
-                    savers.setdefault(root(t.key), set()).add(d.name)
+                    savers.setdefault(root(t.key)[0], set()).add(d.name)
 
     def fixed(name: str) -> Strategy | None:
         d = g.decisions[g.decision_of[name]]
@@ -155,9 +156,7 @@ def saved_views(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, befor
         while name != viewed:
             op, src = nodes[name], nodes[nodes[name].inputs[0]]
             strat, made = fixed(name), fixed(src.name)
-            if (strat is None or made is None or not op.input_meta or len(src.outputs) != 1 or not strat.inputs
-                    or strat.inputs[0] != _out_layout(made, src, op)
-                    or not is_view(op, runtime_strides(src.name, nodes, device, memo))):
+            if strat is None or made is None or not views_as_it_flows(op, src, strat, made, nodes, device, memo):
                 return 0
             name = src.name
         meta = nodes[viewed].out
@@ -171,11 +170,11 @@ def saved_views(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, befor
             size: dict[str, int] = {}  # viewed op -> its storage's bytes (0 where a key is not a plain view of it)
             for op, idx in zip(d.ops, d.members):
                 for t in en.costs[op][idx[c]].saved:
-                    viewed = root(t.key)
+                    viewed, through_view = root(t.key)
                     if t.key in before[d.name] or savers[viewed] != {d.name}:
                         continue
                     counted.setdefault(viewed, {})[t.key] = t.bytes
-                    own = whole(t.key, viewed) if saves.storage(t.key)[1] is not None else 0
+                    own = whole(t.key, viewed) if through_view else 0
                     size[viewed] = min(size.get(viewed, own), own)
             more.append(-sum(max(0, size[v] - sum(keys.values())) for v, keys in counted.items()))
         if any(more):

@@ -8,6 +8,7 @@ counts it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
@@ -16,17 +17,28 @@ from cost_models.ops import OpNode
 from cost_models.optimizer import op_optimizer_bytes, solver_optimizer_bytes
 from cost_models.strategies.base import tensor_key
 from cost_models.strategy import HEAVY_SCHEMES, Strategy
+from cost_models.strides import is_view, runtime_strides
 from planner.search.decisions import Decision, Enumerated, Grouped
 from planner.search.solve.problem import Choice, ProblemNode
 from planner.trace.graph import ModelGraph
 
-__all__ = ["price_choices", "producer_keys", "saved_before"]
+__all__ = ["price_choices", "producer_keys", "saved_before", "views_as_it_flows"]
 
 
 def _out_layout(strategy: Strategy, producer: OpNode, consumer: OpNode) -> Layout:
     if len(strategy.outputs) > 1 and consumer.kind == "getitem":
         return strategy.outputs[int(consumer.attrs["index"])]
     return strategy.outputs[0]
+
+
+def views_as_it_flows(op: OpNode, producer: OpNode, strategy: Strategy, made: Strategy, nodes: Mapping[str, OpNode],
+                      device: str, memo: dict[str, tuple[int, ...] | None]) -> bool:
+    """Whether `op`, taking `strategy`, outputs a view of its first input, `producer`'s single output as it flows
+    to `op` unconverted (`producer` taking `made`): the plan's test of a saved view (`planner.plans.storage`),
+    with the run-time strides on `device` (`memo`: `runtime_strides`' cache)."""
+    return (len(op.outputs) == 1 and bool(op.input_meta) and len(producer.outputs) == 1 and bool(strategy.inputs)
+            and strategy.inputs[0] == _out_layout(made, producer, op)
+            and is_view(op, runtime_strides(producer.name, nodes, device, memo)))
 
 
 def _labels(d: Decision, strategies: dict[str, list[Strategy]]) -> list[str] | None:

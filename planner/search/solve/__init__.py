@@ -405,22 +405,20 @@ def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name:
     The ILPs count the gradients held beside each op (`build_flat(held=True)`) once an answer without them is
     refused, or from the start with `held`."""
     ranges = _fixing_ranges(search, out.objective)
-    held = held and ip.has_held
-    proved = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit, held=held)
+    # without the held rows first where they were not asked for, then (where the account refuses that answer) the
+    # same ILPs counting them, as the plan's accounting does
+    counting = (False,) if not ip.has_held else (True,) if held else (False, True)
+    proved = None
+    for held in counting:
+        again = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit, held=held)
+        if again is None:
+            break
+        proved, (excess, beyond) = again, _judged(ip, exact, again, over)
+        if excess <= 0:
+            return proved
+        out.raise_bound(proved.bound, GAP_TOLERANCE)  # its answer does not fit the account: its bound still holds
     if proved is None:
         return out
-    excess, beyond = _judged(ip, exact, proved, over)
-    if excess <= 0:
-        return proved
-    out.raise_bound(proved.bound, GAP_TOLERANCE)  # its answer does not fit the account: its bound still holds
-    if not held and ip.has_held:  # the same ILPs counting the gradients held beside each op, as the plan's accounting does
-        held = True
-        again = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit, held=True)
-        if again is not None:
-            proved, (excess, beyond) = again, _judged(ip, exact, again, over)
-            if excess <= 0:
-                return again
-            out.raise_bound(again.bound, GAP_TOLERANCE)
     out.message = "; ".join(m for m in (out.message, "lower bound from the flat ILP over the options that can "
                                         "beat it, whose answer the plan's accounting does not fit") if m)
     shrink = 0
