@@ -223,9 +223,11 @@ class Solution:
 
     def raise_bound(self, bound: float, tolerance: float) -> None:
         """Take a (possibly) higher proven lower bound: the gap shrinks, and the answer is "optimal" once
-        the gap is within `tolerance` (the note that it is not proven goes)."""
+        the gap is within `tolerance` (the note that it is not proven goes). A bound above the answer's own time
+        (beyond `tolerance`) is not one of its problem (the answer is a counterexample: a bound of the formulas
+        where they count more than the accounting the answer fits) and is not taken."""
         if not (bound > self.bound or (math.isnan(self.bound) and math.isfinite(bound))) \
-                or self.status not in ("optimal", "feasible"):
+                or self.status not in ("optimal", "feasible") or bound > self.objective * (1 + tolerance):
             return
         self.bound = bound
         self.gap = relative_gap(self.objective, bound)
