@@ -176,7 +176,7 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
                 found = plan_mesh(mesh, build, assemble, budget, apart=True, **options)
                 if found.answer is None:
                     return found
-                bound, faster = _once_bound(built, assemble, budget, found.answer, sol.bound, options)
+                bound, faster = _once_bound(built, assemble, budget, found.answer, sol.bound, options, account.memo)
                 return faster or _widened(found, bound)
             found = _counted_apart(built, assemble, budget, sol, **options)
             if found is not None:
@@ -254,7 +254,7 @@ def _counted_apart(built: BuiltProblem, assemble: Callable[[BuiltProblem, Soluti
 
 
 def _once_bound(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan], budget: int, found: Solution,
-                bound: float, options: dict[str, Any]) -> tuple[float, MeshResult | None]:
+                bound: float, options: dict[str, Any], memo: SolveMemo | None = None) -> tuple[float, MeshResult | None]:
     """A lower bound of the mesh's problem (counting once) at `budget`, for `found`, an answer counted apart, where the
     first solve stopped at its first refused answer before it had an answer that fits (its `bound`, often far below:
     HF LLaMA 64 ranks 1.25x, 22.8 %): where `found`'s own bound is higher, the best of `bound` and a solve of that
@@ -267,14 +267,14 @@ def _once_bound(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution]
     rows' bound; HF BERT at 2x: gap 2.27 -> 0.34 %). A first solve that ended with an answer that fits ran its
     refinements: its bound is taken as it is (HF LLaMA 64 ranks 2x: the solve from the answer took 3 s for the same
     bound). Also the solve's answer, as a mesh result, where it is faster than `found` and the plan's accounting
-    fits it, else None."""
+    fits it, else None. `memo`: the first solve's (its priced search, at this budget, is this solve's too)."""
     beaten = options.get("beaten")
     if not math.isfinite(found.bound) or found.bound <= bound or (beaten is not None and beaten(found.objective)):
         return bound, None  # (where another mesh's plan is faster, this plan loses: its bound does not matter)
     account = _PlanAccount(built, assemble)
     once = solve(built.problem, budget=budget, known=_counted_by(built.problem, found),
                  beaten=lambda b: not b < found.objective, solver=options.get("solver", "highs"),
-                 time_limit=options.get("time_limit"), judge=account)
+                 time_limit=options.get("time_limit"), judge=account, memo=memo)
     if math.isfinite(once.bound):
         bound = max(bound, once.bound)
     if (once.status in ("optimal", "feasible") and once.choice and once.objective < found.objective * (1 - GAP_TOLERANCE)

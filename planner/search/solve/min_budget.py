@@ -40,11 +40,13 @@ class SolveMemo:
     same problem (`solve`'s tighten-and-retry rounds, and `plan_mesh`'s solves of one mesh): the priced
     search's least-memory answer, per solver and per set of shared inputs the solver's view left unfolded.
     Computed once, the same as it would be each time; only answers no time limit or other mesh's plan cut
-    short are kept."""
+    short are kept. Also the priced search at a budget, with its answer (`solve._priced_search`: `plan_mesh`'s
+    first solve and `_once_bound`'s solve of the same problem at the same budget run the same search)."""
 
     def __init__(self, problem: object) -> None:
         self.problem = problem  # the `Problem` these answers are of
         self.least: dict[tuple[str, tuple[int, ...]], LeastMemory] = {}
+        self.priced: dict[tuple[str, int], tuple[object, object]] = {}  # (solver, budget) -> (PricedSolve, Solution)
 
 
 def least_memory(ip: IndexedProblem, build: Build, *, solver: str, deadline: float,

@@ -69,6 +69,31 @@ def test_a_memo_answers_later_solves_with_the_same_least_memory_assignment() -> 
         (fresh.choice, fresh.checkpointed, fresh.min_feasible_budget, fresh.peak_bytes)
 
 
+def test_a_memo_serves_the_priced_search_at_a_budget_and_the_answers_are_the_same(monkeypatch) -> None:
+    """A second solve of the same problem at the same budget given the memo runs no priced search of its own
+    (`plan_mesh`'s first solve and `_once_bound`'s), and its answer, bound and message are those of a solve without
+    the memo; a `beaten` that the search's final bound meets stops the served copy as it would stop the search."""
+    from planner.search.solve import columns
+
+    graph = _graph("hf-bert")
+    hw = load_profile("a100-80gb")
+    problem = build_problem(graph, MESH, hw, 1, device=hw.device, bytes_per_param=16, schemes=None).problem
+    budget = int(1.5 * solve(problem, budget=0, method="priced").min_feasible_budget)
+    fresh = solve(problem, budget=budget, method="priced")
+    runs = []
+    real = columns.PricedSolve.solve
+    monkeypatch.setattr(columns.PricedSolve, "solve", lambda self, *a, **k: runs.append(1) or real(self, *a, **k))
+    memo = SolveMemo(problem)
+    first = solve(problem, budget=budget, method="priced", memo=memo)
+    again = solve(problem, budget=budget, method="priced", memo=memo)
+    assert len(runs) == 1 and len(memo.priced) == 1
+    for sol in (first, again):
+        assert (sol.choice, sol.checkpointed, sol.objective, sol.bound, sol.status, sol.message) == \
+            (fresh.choice, fresh.checkpointed, fresh.objective, fresh.bound, fresh.status, fresh.message)
+    stopped = solve(problem, budget=budget, method="priced", memo=memo, beaten=lambda bound: True)
+    assert stopped.status == "beaten" and len(runs) == 1
+
+
 def test_with_an_account_a_budget_proven_to_fit_nothing_skips_the_least_memory_search() -> None:
     """`plan_mesh` passes an account and, where nothing fits, asks for the least-memory answer itself at
     budget 0: its solve at the budget answers "infeasible" without one where the priced search proves that
