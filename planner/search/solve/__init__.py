@@ -204,13 +204,16 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     refined = judge or (_held_measure(problem, budget) if held and account is None else measure)
     if memo is None or memo.problem is not problem:
         memo = SolveMemo(problem)
+    memo.last = None  # (an earlier solve's last search was refined: never kept)
     shrink = -int(loosen)
     proven = -math.inf  # the best lower bound of the rounds so far (they hold for every tighter budget)
     lift: Callable[..., Solution | None] | None = None
     restricted = False  # solving step_problem: its bounds are not the true problem's
     for _ in range(FIT_ROUNDS):
         if beaten is not None and beaten(proven):
+            memo.keep_last()  # the last round's search, whose answer was refused: a later solve at its budget may use it
             return Solution.beaten_by_elsewhere(proven, time.perf_counter() - start)
+        memo.last = None
         sol, lift = _solve_at(problem, budget - shrink, name, deadline, method, progress, memo, beaten,
                               least=least or ("always" if account is None else "unproven"), prove=prove, known=known,
                               held=held)
@@ -345,16 +348,17 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
 
 def _priced_search(ip: IndexedProblem, dec: Decomposition | None, beaten: Callable[[float], bool] | None,
                    memo: SolveMemo, name: str, deadline: float, least: str) -> tuple[PricedSolve, Solution]:
-    """The priced search of `ip` and its answer (`PricedSolve.solve`, unlifted), or a copy of those an earlier solve
-    of the same problem at the same budget kept in `memo`: the search depends on nothing else where it found an
-    answer (`least` only acts where none fits) and neither a time limit nor `beaten` cut it short. `beaten` acts on
-    a copy as on the search: its bound only rises as it runs, so where the copy's final bound is not beaten, no
-    bound of the search was. (HF BERT, 64 ranks, 2x its smallest budget: `plan_mesh`'s first solve, whose answer
-    the plan refuses for a tensor counted once, and `_once_bound`'s from the answer counted apart: 1.4 s each.)"""
+    """The priced search of `ip` and its answer (`PricedSolve.solve`, unlifted), or those an earlier solve of the same
+    problem kept in `memo` at this budget (`SolveMemo.keep_last`: a solve stopped right after the plan refused that
+    answer, so neither was refined; each is used once). The search depends on nothing else where it found an
+    answer (`least` only acts where none fits) and neither a time limit nor `beaten` cut it short; `beaten` acts on
+    it as on a new search: its bound only rises as it runs, so where its final bound is not beaten, no bound of
+    the search was. (HF BERT, 64 ranks, 2x its smallest budget: `plan_mesh`'s first solve, whose answer the plan
+    refuses for a tensor counted once, and `_once_bound`'s from the answer counted apart: 1.4 s each.)"""
     key = (name, ip.budget)
-    keep = {id(memo): memo, id(ip.problem): ip.problem}  # shared, not copied: the memo, the problem it is of
-    if key in memo.priced and math.isinf(deadline):
-        search, sol = copy.deepcopy(memo.priced[key], dict(keep))
+    kept = memo.priced.pop(key, None) if math.isinf(deadline) else None
+    if kept is not None:
+        search, sol = kept
         search.beaten = beaten
         if beaten is not None and beaten(search.best_bound):
             search.dominated = True
@@ -363,9 +367,7 @@ def _priced_search(ip: IndexedProblem, dec: Decomposition | None, beaten: Callab
     search = PricedSolve(ip, dec or decompose(ip), beaten, memo)
     sol = search.solve(name, deadline, lift=False, least=least)
     if sol.status in ("optimal", "feasible") and not (search.stopped or search.dominated) and math.isinf(deadline):
-        search.beaten = None
-        memo.priced[key] = copy.deepcopy((search, sol), dict(keep))
-        search.beaten = beaten
+        memo.last = (key, search, sol)
     return search, sol
 
 

@@ -40,13 +40,22 @@ class SolveMemo:
     same problem (`solve`'s tighten-and-retry rounds, and `plan_mesh`'s solves of one mesh): the priced
     search's least-memory answer, per solver and per set of shared inputs the solver's view left unfolded.
     Computed once, the same as it would be each time; only answers no time limit or other mesh's plan cut
-    short are kept. Also the priced search at a budget, with its answer (`solve._priced_search`: `plan_mesh`'s
-    first solve and `_once_bound`'s solve of the same problem at the same budget run the same search)."""
+    short are kept. Also a priced search whose answer the caller refused, with that answer (`solve._priced_search`:
+    `plan_mesh`'s first solve and `_once_bound`'s solve of the same problem at the same budget run the same search)."""
 
     def __init__(self, problem: object) -> None:
         self.problem = problem  # the `Problem` these answers are of
         self.least: dict[tuple[str, tuple[int, ...]], LeastMemory] = {}
-        self.priced: dict[tuple[str, int], tuple[object, object]] = {}  # (solver, budget) -> (PricedSolve, Solution)
+        # (solver, budget) -> (PricedSolve, Solution): a search whose answer the caller's account refused, unrefined
+        self.priced: dict[tuple[str, int], tuple[object, object]] = {}
+        self.last: tuple[tuple[str, int], object, object] | None = None  # the last round's search, if it may be kept
+
+    def keep_last(self) -> None:
+        """Keep the last round's priced search for a later solve at its budget (`solve._priced_search`)."""
+        if self.last is not None:
+            key, search, sol = self.last
+            self.priced[key] = (search, sol)
+            self.last = None
 
 
 def least_memory(ip: IndexedProblem, build: Build, *, solver: str, deadline: float,

@@ -69,10 +69,12 @@ def test_a_memo_answers_later_solves_with_the_same_least_memory_assignment() -> 
         (fresh.choice, fresh.checkpointed, fresh.min_feasible_budget, fresh.peak_bytes)
 
 
-def test_a_memo_serves_the_priced_search_at_a_budget_and_the_answers_are_the_same(monkeypatch) -> None:
-    """A second solve of the same problem at the same budget given the memo runs no priced search of its own
-    (`plan_mesh`'s first solve and `_once_bound`'s), and its answer, bound and message are those of a solve without
-    the memo; a `beaten` that the search's final bound meets stops the served copy as it would stop the search."""
+def test_a_search_whose_answer_was_refused_serves_the_next_solve_at_its_budget(monkeypatch) -> None:
+    """A solve stopped right after the caller's account refused its answer (`plan_mesh`'s first solve, refused for a
+    tensor counted once) keeps its priced search in the memo; the next solve of the problem at that budget
+    (`_once_bound`'s) runs none of its own, and its answer, bound and message are those of a solve without the
+    memo. Kept once, and only that way: a solve whose answer was refined keeps nothing. A `beaten` that the
+    search's final bound meets stops a kept search as it would stop a new one."""
     from planner.search.solve import columns
 
     graph = _graph("hf-bert")
@@ -83,15 +85,24 @@ def test_a_memo_serves_the_priced_search_at_a_budget_and_the_answers_are_the_sam
     runs = []
     real = columns.PricedSolve.solve
     monkeypatch.setattr(columns.PricedSolve, "solve", lambda self, *a, **k: runs.append(1) or real(self, *a, **k))
+
+    def refused_once(memo: SolveMemo) -> None:
+        refused = []
+        first = solve(problem, budget=budget, method="priced", memo=memo, beaten=lambda bound: bool(refused),
+                      account=lambda sol: refused.append(sol) or budget + 1)
+        assert first.status == "beaten" and len(refused) == 1 and len(memo.priced) == 1
+
     memo = SolveMemo(problem)
-    first = solve(problem, budget=budget, method="priced", memo=memo)
+    refused_once(memo)
     again = solve(problem, budget=budget, method="priced", memo=memo)
-    assert len(runs) == 1 and len(memo.priced) == 1
-    for sol in (first, again):
-        assert (sol.choice, sol.checkpointed, sol.objective, sol.bound, sol.status, sol.message) == \
-            (fresh.choice, fresh.checkpointed, fresh.objective, fresh.bound, fresh.status, fresh.message)
-    stopped = solve(problem, budget=budget, method="priced", memo=memo, beaten=lambda bound: True)
-    assert stopped.status == "beaten" and len(runs) == 1
+    assert len(runs) == 1 and not memo.priced
+    assert (again.choice, again.checkpointed, again.objective, again.bound, again.status, again.message) == \
+        (fresh.choice, fresh.checkpointed, fresh.objective, fresh.bound, fresh.status, fresh.message)
+    solve(problem, budget=budget, method="priced", memo=memo)  # refined, not refused: a search of its own, kept by none
+    assert len(runs) == 2 and not memo.priced
+    refused_once(memo)
+    stopped = solve(problem, budget=budget, method="priced", memo=memo, beaten=lambda bound: bound > 0)
+    assert stopped.status == "beaten" and len(runs) == 3 and not memo.priced
 
 
 def test_with_an_account_a_budget_proven_to_fit_nothing_skips_the_least_memory_search() -> None:
