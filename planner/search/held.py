@@ -33,7 +33,7 @@ from cost_models.strategies.base import tensor_key
 from cost_models.strategy import Strategy
 from cost_models.strides import is_identity, is_view, runtime_strides
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.price_nodes import _out_layout, views_as_it_flows
+from planner.search.price_nodes import _out_layout, saved_before, views_as_it_flows
 from planner.search.solve.problem import HeldBeside, HeldLess, HeldSaved
 from planner.search.tied import tied_uses
 from planner.trace.graph import ModelGraph
@@ -109,15 +109,7 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[s
     saves = _Saves(graph, en, g, device)
     anywhere = saves.earlier(per_block=False)
     in_blocks = {n for b in graph.blocks for n in b.nodes}
-    # per decision of a block, the tensors (`_Saves.tensor`) the decisions before it in its block may save
-    tensors: dict[str, set[str]] = {}
-    seen: dict[str, set[str]] = {}
-    for d in g.decisions.values():
-        if d.block is not None:
-            mine = seen.setdefault(d.block, set())
-            tensors[d.name] = set(mine)
-            mine |= {saves.tensor(t.key) for op, idx in zip(d.ops, d.members) for k in set(idx)
-                     for t in en.costs[op][k].saved}
+    tensors = saved_before(en, g, None, saves.tensor)  # per decision, the tensors saved before it in its block
 
     def taken_off(key: str, d: Decision) -> bool:
         if d.block is None:

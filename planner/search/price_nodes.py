@@ -8,7 +8,7 @@ counts it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
@@ -57,17 +57,19 @@ def producer_keys(graph: ModelGraph, en: Enumerated) -> set[str]:
             for op in graph.nodes for src in dict.fromkeys(op.inputs) for strat in en.strategies[src]}
 
 
-def saved_before(en: Enumerated, g: Grouped, shareable: AbstractSet[str]) -> dict[str, frozenset[str]]:
-    """Per decision, the `shareable` saved-tensor keys an earlier decision of its block (or, outside every block,
-    an earlier decision outside every block) saves under some choice: `price_choices` counts such a key there
-    only."""
+def saved_before(en: Enumerated, g: Grouped, shareable: AbstractSet[str] | None,
+                 as_key: Callable[[str], str] = str) -> dict[str, frozenset[str]]:
+    """Per decision, the `shareable` saved-tensor keys (None: every one) an earlier decision of its block (or, outside
+    every block, an earlier decision outside every block) saves under some choice, each as `as_key` names it:
+    `price_choices` counts such a key there only; `held.saved_twice` asks which tensors (`_Saves.tensor`) came
+    before."""
     earlier: dict[str | None, set[str]] = {}  # per block (None: outside every block), keys saved before
     out: dict[str, frozenset[str]] = {}
     for d in g.decisions.values():
         seen = earlier.setdefault(d.block, set())
         out[d.name] = frozenset(seen)
-        seen |= {t.key for op, idx in zip(d.ops, d.members) for k in set(idx) for t in en.costs[op][k].saved
-                 if t.key in shareable}
+        seen |= {as_key(t.key) for op, idx in zip(d.ops, d.members) for k in set(idx) for t in en.costs[op][k].saved
+                 if shareable is None or t.key in shareable}
     return out
 
 

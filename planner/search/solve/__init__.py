@@ -441,13 +441,15 @@ def _faster_known(exact: IndexedProblem, sol: Solution, known: Solution | None,
     priced answer's, the plan 1.7556 ms; proven from the plan, 1.7495 ms)."""
     if known is None or not known.choice:
         return sol
+    faster = known.objective < sol.objective
+    if not faster and (over is None or not over(sol) > 0):
+        return sol
+    why = "faster than this solve's" if faster else "this solve's does not fit"
     out = _as_given(exact, Solution(status="feasible", choice=dict(known.choice), checkpointed=list(known.checkpointed),
                                     seconds=sol.seconds, solver=sol.solver, method=sol.method,
-                                    message=f"{NOT_PROVEN}; the caller's answer, faster than this solve's"))
-    if not known.objective < sol.objective:
-        if over is None or not (over(sol) > 0 and over(out) <= 0):
-            return sol
-        out.message = f"{NOT_PROVEN}; the caller's answer: this solve's does not fit"
+                                    message=f"{NOT_PROVEN}; the caller's answer, {why}"))
+    if not faster and over(out) > 0:
+        return sol
     out.raise_bound(sol.bound, GAP_TOLERANCE)
     return out
 
