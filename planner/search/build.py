@@ -138,14 +138,16 @@ def _renamed(costs: list[OpCost], t: OpNode, op: OpNode) -> list[OpCost]:
     return out
 
 
-def _add_edge(edge_mats: dict, pair: tuple[str, str], cost: np.ndarray, rec: np.ndarray, work: np.ndarray) -> None:
+def _add_edge(edge_mats: dict, pair: tuple[str, str], cost: np.ndarray, rec: np.ndarray, work: np.ndarray,
+              unckpt: np.ndarray) -> None:
     """Accumulate an op-level edge into its decision pair: times add up, working sets take the larger."""
     if pair in edge_mats:
         edge_mats[pair][0][:] += cost
         edge_mats[pair][1][:] += rec
         np.maximum(edge_mats[pair][2], work, out=edge_mats[pair][2])
+        np.maximum(edge_mats[pair][3], unckpt, out=edge_mats[pair][3])
     else:
-        edge_mats[pair] = (cost.copy(), rec.copy(), work.copy())
+        edge_mats[pair] = (cost.copy(), rec.copy(), work.copy(), unckpt.copy())
 
 
 # the uniform plans a user can ask for with schemes=[...]: the solver also tries each one throughout
@@ -248,16 +250,18 @@ def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerat
     """The layout conversions between decisions: per (producer choice, consumer choice), the time, the
     recompute time and the working set of converting each tensor that crosses, summed per decision pair.
     Into a consumer outside the blocks, the working set leaves out what the consumer saves (a conversion
-    runs before its forward and after its backward; the plan's accounting counts the same). Each distinct
+    runs before its forward and after its backward; the plan's accounting counts the same); into one in a
+    block, only where its block is not checkpointed (`ProblemEdge.transient_bytes_unckpt`). Each distinct
     (shape, dtype, from, to, gradient) is priced once; a repeated block's edges are copied.
     Into the output node, the conversion of each output to the caller's layout (`input_mode`): its working
     set only (`output_working_set`; its collectives are the caller's, not the step's)."""
     nodes = {n.name: n for n in graph.nodes}
     strategies, decisions, decision_of, copied = en.strategies, g.decisions, g.decision_of, en.copied
-    edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    edge_mats: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
     memo: dict[tuple, tuple[float, float]] = {}
-    # (op, arg) -> its (cost, recompute, working set) matrices, None when all zero
-    edge_of: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
+    # (op, arg) -> its (cost, recompute, working set, the same where its block is not checkpointed) matrices, None
+    # when all zero
+    edge_of: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None] = {}
     flows = grad_flow(graph.nodes)
     for op in graph.nodes:
         dv = decisions[decision_of[op.name]]
@@ -283,9 +287,9 @@ def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerat
                 cost = np.zeros((len(lus), len(dv.members[kv])))
                 work = np.array([[output_working_set(op.input_meta, arg, lu, input_mode, mesh, hw, grad=flows[src])]
                                  * cost.shape[1] for lu in lus], dtype=np.int64)
-                edge_of[(op.name, arg)] = (cost, cost, work) if work.any() else None
+                edge_of[(op.name, arg)] = (cost, cost, work, work) if work.any() else None
                 if edge_of[(op.name, arg)] is not None:
-                    _add_edge(edge_mats, (du.name, dv.name), cost, cost, work)
+                    _add_edge(edge_mats, (du.name, dv.name), cost, cost, work, work)
                 continue
             lvs = [strategies[op.name][k].inputs[arg] for k in dv.members[kv]]
             ulu, iu = _distinct(lus)
@@ -310,15 +314,19 @@ def price_edges(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, en: Enumerat
             cost = small[0][np.ix_(iu, iv)]
             rec = small[1][np.ix_(iu, iv)]
             work = small[2][np.ix_(iu, iv)].astype(np.int64)
-            if dv.block is None:  # what the consumer saves is not alive beside its conversions
-                saved = np.array([en.costs[op.name][k].saved_bytes for k in dv.members[kv]], dtype=np.int64)
-                work = np.maximum(work - saved[None, :], 0)
+            # what the consumer saves is not alive beside its conversions, unless its block is checkpointed
+            saved = np.array([en.costs[op.name][k].saved_bytes for k in dv.members[kv]], dtype=np.int64)
+            unckpt = np.maximum(work - saved[None, :], 0)
+            if dv.block is None:
+                work = unckpt
             if not cost.any() and not rec.any() and not work.any():
                 edge_of[(op.name, arg)] = None
                 continue
-            edge_of[(op.name, arg)] = (cost, rec, work)
-            _add_edge(edge_mats, (du.name, dv.name), cost, rec, work)
-    return [ProblemEdge(u, v, c, r, w if w.any() else None) for (u, v), (c, r, w) in edge_mats.items()]
+            edge_of[(op.name, arg)] = (cost, rec, work, unckpt)
+            _add_edge(edge_mats, (du.name, dv.name), cost, rec, work, unckpt)
+    return [ProblemEdge(u, v, c, r, w if w.any() else None,
+                        transient_bytes_unckpt=o if w.any() and (o != w).any() else None)
+            for (u, v), (c, r, w, o) in edge_mats.items()]
 
 
 def tied_edges(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped) -> list[ProblemEdge]:
@@ -415,15 +423,18 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
 
     # the copies the problem counting a tensor once leaves out (none counting apart: every decision counts its own),
     # and the storages it may count twice
-    def held_less(before: Mapping[str, AbstractSet[str]]) -> list[HeldLess]:
-        """What the formulas count beyond the plan (storages saved twice) and short of it (views of larger storages)."""
-        return saved_twice(graph, en, g, before, device) + saved_views(graph, mesh, en, g, before, device)
+    def held_saved(before: Mapping[str, AbstractSet[str]], copies: bool) -> tuple[list[HeldSaved], list[HeldLess]]:
+        """What the formulas count short of the plan (with `copies`, copies of converted inputs; views of larger
+        storages) and beyond it (storages saved twice: some where an earlier decision's choice saves them)."""
+        if not small:
+            return [], []
+        less, twice = saved_twice(graph, en, g, before, device)
+        return ((saved_copies(graph, en, g, before) if copies else []) + twice,
+                less + saved_views(graph, mesh, en, g, before, device))
 
-    before = saved_before(en, g, shareable) if small else {}
-    copies, less = (saved_copies(graph, en, g, before), held_less(before)) if small else ([], [])
-    problem, step_problem = problems(pnodes, step_nodes, copies, less)
+    problem, step_problem = problems(pnodes, step_nodes, *held_saved(saved_before(en, g, shareable), True))
     apart_nodes, _, apart_step = price_choices(en, g, bytes_per_param, optimizer)
     apart = None if apart_nodes == pnodes else problems(
-        apart_nodes, apart_step, [], held_less(saved_before(en, g, frozenset())) if small else [])
+        apart_nodes, apart_step, *held_saved(saved_before(en, g, frozenset()), False))
     return BuiltProblem(mesh, problem, list(g.decisions.values()), en.strategies, en.costs, en.not_offered,
                         g.decision_of, en.unsupported, step_problem, apart)

@@ -33,7 +33,7 @@ from cost_models.strategies.base import tensor_key
 from cost_models.strategy import Strategy
 from cost_models.strides import is_identity, is_view, runtime_strides
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.price_nodes import _out_layout, saved_before, views_as_it_flows
+from planner.search.price_nodes import _out_layout, views_as_it_flows
 from planner.search.solve.problem import HeldBeside, HeldLess, HeldSaved
 from planner.search.tied import tied_uses
 from planner.trace.graph import ModelGraph
@@ -109,26 +109,54 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[s
     saves = _Saves(graph, en, g, device)
     anywhere = saves.earlier(per_block=False)
     in_blocks = {n for b in graph.blocks for n in b.nodes}
-    tensors = saved_before(en, g, None, saves.tensor)  # per decision, the tensors saved before it in its block
+    # per decision of a block: per tensor it may save, the choices that save it; and per block, its decisions so far
+    saving: dict[str, dict[str, set[int]]] = {}
+    so_far: dict[str, list[str]] = {}
+    for d in g.decisions.values():
+        if d.block is None:
+            continue
+        mine = saving[d.name] = {}
+        for c in range(len(d.members[0])):
+            for op, idx in zip(d.ops, d.members):
+                for t in en.costs[op][idx[c]].saved:
+                    mine.setdefault(saves.tensor(t.key), set()).add(c)
 
-    def taken_off(key: str, d: Decision) -> bool:
+    def taken_off(key: str, d: Decision) -> str | bool:
+        """False, True (whatever the choices), or the one earlier decision of d's block that may save `key`'s
+        tensor: taken off where its choice does."""
         if d.block is None:
             return False
         if (saves.storage(key)[1] or _head(key)) not in in_blocks:
             return not saves.anew(key, anywhere[d.name])[1]
-        return saves.tensor(key) in tensors[d.name]
+        tensor = saves.tensor(key)
+        savers = [e for e in so_far.get(d.block, ()) if tensor in saving[e]]
+        return savers[0] if len(savers) == 1 else bool(savers)
 
-    out: list[HeldLess] = []
+    less: list[HeldLess] = []
+    pairs: list[HeldSaved] = []
     for d in g.decisions.values():
-        less = []
-        for c in range(len(d.members[0])):
+        n = len(d.members[0])
+        always = [0] * n
+        tables: dict[str, list[list[int]]] = {}  # the one earlier saver's decision -> -bytes[its choice][d's choice]
+        for c in range(n):
             counted: dict[str, int] = {}  # the keys the problem counts here (`price_choices`)
             for op, idx in zip(d.ops, d.members):
                 counted |= {t.key: t.bytes for t in en.costs[op][idx[c]].saved if t.key not in before[d.name]}
-            less.append(sum(nbytes for key, nbytes in counted.items() if taken_off(key, d)))
-        if any(less):
-            out.append(HeldLess(d.name, less))
-    return out
+            for key, nbytes in counted.items():
+                off = taken_off(key, d)
+                if off is True:
+                    always[c] += nbytes
+                elif off:
+                    e = g.decisions[off]
+                    table = tables.setdefault(off, [[0] * n for _ in range(len(e.members[0]))])
+                    for ce in saving[off][saves.tensor(key)]:
+                        table[ce][c] -= nbytes
+        if any(always):
+            less.append(HeldLess(d.name, always))
+        pairs += [HeldSaved(e, d.name, table) for e, table in tables.items() if any(map(any, table))]
+        if d.block is not None:
+            so_far.setdefault(d.block, []).append(d.name)
+    return less, pairs
 
 
 def saved_views(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, before: Mapping[str, AbstractSet[str]],
@@ -190,6 +218,48 @@ def saved_views(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, befor
         if any(more):
             out.append(HeldLess(d.name, more))
     return out
+
+
+def _apart(op: str, shared: list[str], links: Mapping[str, tuple[OpNode, int]]) -> list[str]:
+    """The tensors on `op`'s path of passthroughs (each to its last reader, `passthrough_candidates`) up to where it
+    meets the path of a gradient in `shared`, which may share its output gradient's storage: where any of their
+    passthroughs breaks, `op`'s is apart from all of theirs."""
+    def path(name: str) -> list[str]:
+        out = [name]
+        while out[-1] in links and links[out[-1]][0].name not in out:
+            out.append(links[out[-1]][0].name)
+        return out
+
+    mine = path(op)
+    theirs = {x for m in shared for x in path(m)}
+    return mine[:next((i for i, x in enumerate(mine) if x in theirs), 1)]
+
+
+def _any_broken(terms: list[tuple[str, list[int]] | tuple[str, str, list[list[int]]]]
+                ) -> tuple[str, list[int]] | tuple[str, str, list[list[int]]]:
+    """One term counting the most of `terms` (each a passthrough's: bytes per choice of a decision, or per pair of
+    choices of two) under an assignment, where they are set by at most two decisions together; else the first.
+    One row with the larger term, not one row per passthrough: rows per passthrough left HF LLaMA's held ILP on
+    4x4x4 at 2x its smallest budget at its work limit, 16 % from its bound where it had proven its optimum."""
+    names = list(dict.fromkeys(d for term in terms for d in term[:-1]))
+    if len(names) > 2:
+        return terms[0]
+    sizes = {}
+    for term in terms:
+        table = term[-1]
+        sizes[term[0]] = len(table)
+        if len(term) == 3:
+            sizes[term[1]] = len(table[0])
+
+    def value(term: tuple, pick: dict[str, int]) -> int:
+        table = term[-1]
+        return table[pick[term[0]]] if len(term) == 2 else table[pick[term[0]]][pick[term[1]]]
+
+    if len(names) == 1:
+        (a,) = names
+        return a, [max(value(t, {a: i}) for t in terms) for i in range(sizes[a])]
+    a, b = names
+    return a, b, [[max(value(t, {a: i, b: j}) for t in terms) for j in range(sizes[b])] for i in range(sizes[a])]
 
 
 def recomputation_triggers(graph: ModelGraph, en: Enumerated, g: Grouped) -> dict[str, str]:
@@ -425,18 +495,21 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                 floor += min(min(per_choice(m, grad)[1]) for m in group)
             else:
                 add(held, *per_choice(group[0], grad))
-        # the gradients sharing the op's output's storage where it hands its gradient on: apart where that breaks
-        # (one tensor: its bytes, less its most where the passthrough holds, which no row needs: exact at every
-        # assignment; several: the least of theirs where it breaks)
+        # the gradients sharing the op's output's storage where it hands its gradient on: apart where a passthrough on
+        # its way to theirs breaks (one tensor: its bytes, less its most where they share, which no row needs: exact
+        # at every assignment; several: the least of theirs). gpt-tiny's MLP projection: the residual stream's
+        # gradient waits beside it apart from its output's where the dropout after it hands its gradient to the
+        # residual add converted, 32 KiB the op's own passthrough alone does not see.
         pairs: list[tuple[str, str, list[list[int]]]] = []
         if shared and op.name in links:
             if len(shared) == 1:
                 u, nbytes = per_choice(shared[0], grad)
                 add(held, u, nbytes)
                 floor -= max(nbytes)
-                found = broken(op, max(nbytes))
+                least = max(nbytes)
             else:
-                found = broken(op, min(min(per_choice(m, grad)[1]) for m in shared))
+                least = min(min(per_choice(m, grad)[1]) for m in shared)
+            found = _any_broken([broken(nodes[x], least) for x in _apart(op.name, shared, links)])
             if len(found) == 2:
                 add(held, *found)
             else:
@@ -447,20 +520,21 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         t = triggers.get(block) if block is not None and op.block == block else None
         if t is None or index[op.name] > index[t]:
             block = None
-        at_recomputation = dict(held)
-        if block is not None and roots[t] not in waiting and roots[t] != roots[op.name]:
-            add(at_recomputation, *per_choice(t, grad))
+        waits = block is not None and roots[t] not in waiting and roots[t] != roots[op.name]
         # the op's own working set, or, at the recomputation, the conversion into it from a decision it is the
         # only conversion from (elsewhere the plan takes what the op saves off a conversion's working set, the
         # storages it keeps: views and converted copies can make that more than the rule's saved bytes, which the
         # problem's edge takes off)
         sources = [u for u in dict.fromkeys(g.decision_of[src] for src in op.inputs)
                    if u != node and crossing[(u, node)] == 1]
-        for terms, recomputation in ((held, False), (at_recomputation, True)):
+        for recomputation in (False, True):
             if recomputation and block is None:
                 continue
             if not recomputation and not waiting and not shared:
                 continue  # nothing beyond the op's own working set, which the node's transient counts
+            terms = dict(held)
+            if recomputation and waits:
+                add(terms, *per_choice(t, grad))
             rest = sorted((u, b) for u, b in terms.items() if u != node)
             mine, copies = recomputed(g.decisions[node], op.name) if recomputation else ([0] * len(work), [])
             earlier: list[tuple[str, list[int]]] = []

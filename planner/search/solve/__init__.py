@@ -329,6 +329,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
     ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
     ip.time, ip.recompute, ip.transient, ip.edges = (list(exact.time), list(exact.recompute),
                                                       list(exact.transient), list(exact.edges))
+    ip.transient_unckpt = list(exact.transient_unckpt)
     ip.saved, ip.shared = list(exact.saved), list(exact.shared)
     fold_fixed_edges(ip)
     fold_shared_inputs(ip)

@@ -103,15 +103,15 @@ def restrict(ip: IndexedProblem, keep: list[np.ndarray]) -> IndexedProblem:
     keep[v][i] of `ip`. Names, blocks, budget and the problem it views are the same."""
     out = copy.copy(ip)
     out.sizes = [len(k) for k in keep]
-    for name in ("time", "recompute", "state", "saved", "transient"):
+    for name in ("time", "recompute", "state", "saved", "transient", "transient_unckpt"):
         setattr(out, name, [values[k] for values, k in zip(getattr(ip, name), keep)])
     out.labels = [None if labels is None else labels[k] for labels, k in zip(ip.labels, keep)]
 
     def cut(mat: np.ndarray | None, e: IndexedEdge) -> np.ndarray | None:
         return None if mat is None else mat[np.ix_(keep[e.src], keep[e.dst])]
 
-    out.edges = [IndexedEdge(e.src, e.dst, cut(e.cost, e), cut(e.recompute, e), cut(e.transient, e), cut(e.saved, e))
-                 for e in ip.edges]
+    out.edges = [IndexedEdge(e.src, e.dst, cut(e.cost, e), cut(e.recompute, e), cut(e.transient, e), cut(e.saved, e),
+                             cut(e.transient_unckpt, e)) for e in ip.edges]
     out.input_bytes = [nbytes if src is None else nbytes[keep[src]] for nbytes, src in zip(ip.input_bytes, ip.block_input)]
     out.shared = [(v, nbytes[keep[v]], blocks) for v, nbytes, blocks in ip.shared]
     out.held = [row.restricted(keep) for row in ip.held]

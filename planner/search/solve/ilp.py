@@ -243,18 +243,25 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
     (`fixing.prove`; on the 60 tiny HF cells with them in every flat ILP: 2 plans slower, HF LLaMA 8 ranks 1.5x
     0.00 -> 4.77 % gap, the CPU 128 -> 173 s over the first 27 cells)."""
     allowed = allowed or {}
+    held = held and mode == "time"
     b = IlpBuilder(ip)
     s = [b.one_hot(n) for n in ip.sizes]
+    # a node of a block fixed checkpointed has its working set in its recompute row below, which holds more
+    fixed = [ip.checkpointing and checkpointed is not None and ip.block_of[v] in checkpointed for v in range(ip.n)]
     for v in range(ip.n):
         b.time.add(s[v], ip.time[v])
         b.memory.add(s[v], ip.state[v] + ip.saved[v])
-        b.top(s[v], ip.transient[v].astype(float))
+        # with the held rows, each working set as the plan counts it where the block is not checkpointed (less what
+        # the op saves, beside a conversion into it); a checkpointed block's recompute rows below count it whole
+        if not fixed[v]:
+            b.top(s[v], (ip.transient_unckpt if held else ip.transient)[v].astype(float))
     for k, e in enumerate(ip.edges):
         mask = allowed.get(k)
         if mask is not None:  # the pair variables that rule the other pairs out, whatever the costs
             b.pair_vars(s[e.src], s[e.dst], mask)
         b.pair_cost(s[e.src], s[e.dst], e.cost, b.time, mask)
-        b.pair_top(s[e.src], s[e.dst], e.transient, mask)
+        if not fixed[e.dst]:
+            b.pair_top(s[e.src], s[e.dst], e.unckpt() if held else e.transient, mask)
         if e.saved is not None:
             b.pair_cost(s[e.src], s[e.dst], e.saved.astype(float), b.memory, mask)
     flags: list[int] = []  # per block: its checkpoint binary, or ONE / ZERO where `checkpointed` fixes it
@@ -316,7 +323,7 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
                 expr.add(np.array([flags[blk]]), 1.0)
                 flag_exprs.append(expr)
             b.kept_while(s[v], nbytes, flag_exprs)
-    if held and mode == "time":
+    if held:
         _held_rows(b, ip, s, lands, allowed)
     model = b.finish(mode, budget)
 

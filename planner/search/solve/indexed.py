@@ -35,6 +35,12 @@ class IndexedEdge:
     recompute: np.ndarray
     transient: np.ndarray | None = None  # int64 working-set bytes per choice pair (None: all zero)
     saved: np.ndarray | None = None  # int64 bytes dst saves per choice pair (None: all zero; dst in no block)
+    # ... the working set where dst's block is not checkpointed (None: `transient`; `ProblemEdge`)
+    transient_unckpt: np.ndarray | None = None
+
+    def unckpt(self) -> np.ndarray | None:
+        """The working set where dst's block is not checkpointed (None: all zero)."""
+        return self.transient if self.transient_unckpt is None else self.transient_unckpt
 
 
 def _finite(values: np.ndarray, what: str) -> None:
@@ -42,9 +48,9 @@ def _finite(values: np.ndarray, what: str) -> None:
         raise ProblemError(f"{what} contains NaN or infinite values; costs must be finite numbers")
 
 
-def _bytes_array(values: list[int], what: str) -> np.ndarray:
+def _bytes_array(values: list[int], what: str, signed: bool = False) -> np.ndarray:
     arr = np.asarray(values, dtype=np.int64)
-    if np.any(arr < 0):
+    if not signed and np.any(arr < 0):
         raise ProblemError(f"{what} has negative bytes {values}; memory sizes must be >= 0")
     return arr
 
@@ -140,6 +146,9 @@ class IndexedProblem:
             self.transient.append(
                 _bytes_array([c.transient_bytes for c in node.choices], f"node {node.name!r} transient")
             )
+        # per node, its working set where its block is not checkpointed: its own, with the edges folded into it
+        # (`fold_fixed_edges`) counting theirs (`IndexedEdge.transient_unckpt`)
+        self.transient_unckpt: list[np.ndarray] = list(self.transient)
 
     def _node(self, name: str, where: str) -> int:
         if name not in self.index:
@@ -164,25 +173,34 @@ class IndexedProblem:
                 _finite(mat, f"edge {e.src}->{e.dst} {what}")
             work, kept = (self._edge_bytes(e, given, what, shape)
                           for given, what in ((e.transient_bytes, "transient_bytes"), (e.saved_bytes, "saved_bytes")))
+            unckpt = work
+            if e.transient_bytes_unckpt is not None:
+                unckpt = self._edge_bytes(e, e.transient_bytes_unckpt, "transient_bytes_unckpt", shape, keep=True)
+                if np.any(unckpt > (0 if work is None else work)):
+                    raise ProblemError(f"edge {e.src}->{e.dst} transient_bytes_unckpt exceeds its transient_bytes; the "
+                                       "working set where the block is not checkpointed is a part of it")
             if (src, dst) in merged:  # times and saved bytes add up; working sets do not coexist: the larger counts
                 m = merged[(src, dst)]
                 m[0], m[1] = m[0] + cost, m[1] + rec
                 m[2] = work if m[2] is None else (m[2] if work is None else np.maximum(m[2], work))
                 m[3] = kept if m[3] is None else (m[3] if kept is None else m[3] + kept)
+                m[4] = unckpt if m[4] is None else (m[4] if unckpt is None else np.maximum(m[4], unckpt))
             else:
-                merged[(src, dst)] = [cost, rec, work, kept]
-        self.edges: list[IndexedEdge] = [IndexedEdge(s, d, *m) for (s, d), m in merged.items()]
+                merged[(src, dst)] = [cost, rec, work, kept, unckpt]
+        self.edges: list[IndexedEdge] = [IndexedEdge(s, d, c, r, w, k, None if u is w else u)
+                                         for (s, d), (c, r, w, k, u) in merged.items()]
 
     @staticmethod
-    def _edge_bytes(e: ProblemEdge, given: np.ndarray | None, what: str, shape: tuple[int, int]) -> np.ndarray | None:
-        """An edge's bytes matrix (transient or saved) checked against its shape; None when all zero."""
+    def _edge_bytes(e: ProblemEdge, given: np.ndarray | None, what: str, shape: tuple[int, int], keep: bool = False
+                    ) -> np.ndarray | None:
+        """An edge's bytes matrix (transient or saved) checked against its shape; None when all zero (unless `keep`)."""
         if given is None:
             return None
         arr = np.asarray(given)
         if arr.shape != shape:
             raise ProblemError(f"edge {e.src}->{e.dst} {what} has shape {arr.shape}; expected {shape}")
         arr = _bytes_array(arr, f"edge {e.src}->{e.dst} {what}")
-        return arr if arr.any() else None
+        return arr if arr.any() or keep else None
 
     def _read_blocks(self) -> None:
         self.block_names: list[str] = []
@@ -277,17 +295,17 @@ class IndexedProblem:
         """`held_saved[k]` per `Problem.held_saved` entry: (src's index, node's index, bytes per (src's choice,
         node's choice)); `held_less[k]` per `Problem.held_less` entry: (node's index, bytes per its choice)."""
         self.held_saved = [x for h in self.problem.held_saved
-                           for x in self._pair_bytes([(h.src, h.node, h.nbytes)], f"held_saved {h.node!r}")]
+                           for x in self._pair_bytes([(h.src, h.node, h.nbytes)], f"held_saved {h.node!r}", signed=True)]
         self.held_less = [(v, self._choice_bytes(h.nbytes, v, f"held_less {h.node!r}", signed=True))
                           for h in self.problem.held_less for v in [self._node(h.node, f"held_less {h.node!r}")]]
 
-    def _pair_bytes(self, given: list[tuple[str, str, list[list[int]]]], where: str
+    def _pair_bytes(self, given: list[tuple[str, str, list[list[int]]]], where: str, signed: bool = False
                     ) -> list[tuple[int, int, np.ndarray]]:
         """(a, b, bytes per (a's choice, b's choice)) entries by node index, checked."""
         out = []
         for a, b, nbytes in given:
             ia, ib = self._node(a, where), self._node(b, where)
-            arr = _bytes_array(np.asarray(nbytes), f"{where} bytes of ({a!r}, {b!r})")
+            arr = _bytes_array(np.asarray(nbytes), f"{where} bytes of ({a!r}, {b!r})", signed)
             if arr.shape != (self.sizes[ia], self.sizes[ib]) or ia == ib:
                 raise ProblemError(f"{where} bytes of ({a!r}, {b!r}) have shape {arr.shape}; expected "
                                    f"{(self.sizes[ia], self.sizes[ib])} for two different nodes")
@@ -361,12 +379,13 @@ def fold_fixed_edges(ip: IndexedProblem) -> int:
     An edge whose source has one choice is a vector over its destination's choices: its time, its
     recompute (counted when the destination's block is checkpointed, as the destination's own recompute
     is) and its working set (a candidate for the max term and for the destination's work) are exactly
-    the destination's own terms. An edge whose destination has one choice folds into its source the same
+    the destination's own terms (its working set where the block is not checkpointed, the node's
+    `transient_unckpt`). An edge whose destination has one choice folds into its source the same
     way when both ends share a block (or it has no recompute or working set). Time and peak of every
     assignment are unchanged (`evaluate_indexed` gives the same figures), but HF graphs lose the edges
     from their one-choice mask and rotary tables into every layer, which let the blocks have one port
     (decomposable) and shrink the flat ILP. An edge's saved bytes join its node's saved bytes (that node is
-    outside the blocks). Changes `ip` in place (its time, recompute, transient and saved lists): call it on
+    outside the blocks). Changes `ip` in place (its time, recompute, transient(_unckpt) and saved lists): call it on
     the solver's own view only.
     """
     kept: list[IndexedEdge] = []
@@ -384,6 +403,7 @@ def fold_fixed_edges(ip: IndexedProblem) -> int:
         ip.recompute[into] = ip.recompute[into] + row(e.recompute)
         if e.transient is not None:
             ip.transient[into] = np.maximum(ip.transient[into], row(e.transient))
+            ip.transient_unckpt[into] = np.maximum(ip.transient_unckpt[into], row(e.unckpt()))
         if e.saved is not None:  # both ends outside the blocks: never dropped, like the node's own
             ip.saved[into] = ip.saved[into] + row(e.saved)
     folded = len(ip.edges) - len(kept)

@@ -79,7 +79,10 @@ class ProblemEdge:
     needs memory); saved_bytes[i, j] what `dst` saves for its backward beyond its own choice's saved
     bytes, alive all step like them (a tied weight's copy, `planner.search.tied`; None: nothing). Only
     an edge into a node outside every block may save bytes: a checkpointed block recomputes what its
-    nodes save, which no edge term follows."""
+    nodes save, which no edge term follows. transient_bytes_unckpt[i, j]: the working set where `dst`'s block
+    is not checkpointed, less what `dst` saves, which is not alive beside the conversion then (the plan's
+    accounting; None: transient_bytes). The formulas count transient_bytes (an upper bound); the flat ILP
+    with held rows, a lower bound of the plan, counts this one beside them (`build_flat(held=True)`)."""
 
     src: str
     dst: str
@@ -87,6 +90,7 @@ class ProblemEdge:
     recompute_s: np.ndarray
     transient_bytes: np.ndarray | None = None
     saved_bytes: np.ndarray | None = None
+    transient_bytes_unckpt: np.ndarray | None = None
 
 
 @dataclass
@@ -152,8 +156,9 @@ class HeldSaved:
     """Bytes node `node` saves beyond its choices' saved bytes, alive all step (unless its block is checkpointed:
     then recomputed, which `HeldBeside` rows count), that the formulas leave out: nbytes[i][j] where `src` takes
     choice i and `node` choice j (a copy of an input the formulas count at an earlier node, kept where the
-    input reaches `node` converted; `planner.search.held.saved_copies`). The flat ILP counts them with its
-    held rows."""
+    input reaches `node` converted; `planner.search.held.saved_copies`), or negative, bytes its choices save that
+    the plan counts at `src` where src's choice saves them (`planner.search.held.saved_twice`). The flat ILP counts
+    them with its held rows."""
 
     src: str
     node: str

@@ -173,3 +173,82 @@ def test_without_checkpointing_the_held_peak_never_exceeds_the_plans_bound(mesh:
         plan = assemble_plan(graph, built, sol, hw, budget_bytes=10**12, device=hw.device, bytes_per_param=16,
                              checkpointing=True, schemes=None)
         assert held_peak(ip, choice, []) <= plan.predicted.bound_bytes
+
+
+def _gpt_tiny(world: int) -> tuple:
+    ex = get_example("gpt-tiny")
+    graph = capture(ex.model, ex.example_inputs, name="gpt-tiny")
+    hw = load_profile("a100-80gb")
+    built = build_problem(graph, candidate_meshes(world, 8)[-1], hw, 10**12, device=hw.device)
+    return graph, hw, built, IndexedProblem(built.problem)
+
+
+def _plan(graph, hw, built, ip: IndexedProblem, choice: list[int]):
+    sol = Solution(status="feasible", choice=dict(zip(ip.names, choice)), checkpointed=[])
+    return assemble_plan(graph, built, sol, hw, budget_bytes=10**12, device=hw.device, bytes_per_param=16,
+                         checkpointing=True, schemes=None)
+
+
+@pytest.mark.parametrize("world", [8, 64])
+def test_without_checkpointing_the_held_rows_count_gpt_tinys_saved_bytes_as_the_plan(world: int) -> None:
+    """gpt-tiny (2x2x2 and 4x4x4), random assignments, no block checkpointed: the formulas' saved bytes with the held
+    rows' copies and less what they count twice are the plan's activation bytes, exactly. Attention's second matmul
+    saves v, which the q/k/v projection saves under some choices only: taken off where its choice does (before, off
+    whatever the choice, under in all of them; the held ILP's 2.7648 ms answer on 4x4x4 at 1.5x the smallest budget
+    counted 4,096 B below the plan, and its bound stayed 1.96 % below the 2.9380 ms plan, now proven)."""
+    graph, hw, built, ip = _gpt_tiny(world)
+    assert any(nbytes.min() < 0 for _, _, nbytes in ip.held_saved)
+    rng = random.Random(0)
+    for _ in range(8):
+        choice = [rng.randrange(n) for n in ip.sizes]
+        saved = evaluate_indexed(ip, choice, [])[2]["saved_bytes"]
+        saved += sum(int(nbytes[choice[u], choice[v]]) for u, v, nbytes in ip.held_saved)
+        saved -= sum(int(nbytes[choice[v]]) for v, nbytes in ip.held_less)
+        assert saved == _plan(graph, hw, built, ip, choice).predicted.activation_bytes
+
+
+def test_a_waiting_gradient_counts_where_any_passthrough_on_the_ops_way_to_it_breaks() -> None:
+    """gpt-tiny on 2x2x2: at the MLP projection's backward the residual stream's gradient waits beside it, one storage
+    with the projection's output gradient only where the projection hands it to the dropout and the dropout to the
+    residual add unchanged. Where the projection's reaches it as it flows (no conversion into it), the rows at its
+    decision count what the plan counts there (before, only the projection's own passthrough was looked at: 32 KiB
+    short where the dropout's broke, and the held ILP's 0.3592 ms answer at 2x the smallest budget was refused)."""
+    graph, hw, built, ip = _gpt_tiny(8)
+    op = "transformer_h_1_mlp_c_proj"
+    v = ip.names.index(built.decision_of[op])
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(16):
+        choice = [rng.randrange(n) for n in ip.sizes]
+        plan = _plan(graph, hw, built, ip, choice)
+        if any(r.dst == op for r in plan.redistributions):
+            continue
+        rows = [row.value(choice) for row in ip.held if row.node == v and not row.recomputation]
+        there = next(a.cost.transient_bytes for a in plan.assignments if a.node == op)
+        assert max([int(ip.transient[v][choice[v]]), *rows]) == there
+        checked += 1
+    assert checked
+
+
+@pytest.mark.parametrize("name", ["hf-opt", "gpt-tiny"])
+def test_a_conversion_into_an_op_of_a_block_not_checkpointed_counts_without_what_the_op_saves(name: str) -> None:
+    """Random assignments on 8(x), no block checkpointed: what the op saves is not alive beside a conversion into it
+    (the plan takes it off; a checkpointed block's recomputation keeps it), so the flat ILP with held rows counts
+    the conversion's working set less it (`ProblemEdge.transient_bytes_unckpt`). The held peak never exceeds the
+    plan's bound (gpt-tiny: it did in 6 of 30, up to 114,688 B, the formulas' conversion into the MLP projection
+    counted whole), and equals it in half of them at least (HF OPT: none before, 99 KB short on average)."""
+    from zoo import ZOO, build
+
+    ex = build(name) if name in ZOO else get_example(name)
+    graph = capture(ex.model, ex.example_inputs, name=name)
+    hw = load_profile("a100-80gb")
+    built = build_problem(graph, candidate_meshes(8, 8)[0], hw, 10**12, device=hw.device)
+    ip = IndexedProblem(built.problem)
+    rng = random.Random(0)
+    equal = 0
+    for _ in range(12):
+        choice = [rng.randrange(n) for n in ip.sizes]
+        bound = _plan(graph, hw, built, ip, choice).predicted.bound_bytes
+        assert held_peak(ip, choice, []) <= bound
+        equal += held_peak(ip, choice, []) == bound
+    assert equal >= 6
