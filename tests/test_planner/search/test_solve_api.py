@@ -105,7 +105,8 @@ def test_solve_tightens_by_what_the_account_counts_beyond_the_formulas() -> None
 
     sol = solve(problem, account=account)
     assert sol.status in ("optimal", "feasible") and sol.peak_bytes + extra <= budget
-    assert 2 <= len(measured) <= solve_pkg.FIT_ROUNDS and measured[0] > budget  # the first answer was retried
+    # the first answer was retried (the refinement at the budget measures the answers of its proofs too)
+    assert len(measured) >= 2 and measured[0] > budget
     assert problem.budget_bytes == budget  # the problem is not changed
     assert sol.objective == pytest.approx(solve(problem, budget=budget - extra).objective, rel=1e-9)
 
