@@ -36,7 +36,8 @@ from cost_models.optimizer import resolve_optimizer
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.held import held_beside, saved_copies, saved_twice, saved_views
+from planner.search.held import held_beside
+from planner.search.held_saved import saved_copies, saved_twice, saved_views
 from planner.search.price_nodes import _out_layout, price_choices, producer_keys, saved_before
 from planner.search.schemes import SchemeError, SchemeUnavailable, expand_schemes, restrict_schemes
 from planner.search.solve import fixing

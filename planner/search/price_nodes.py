@@ -61,7 +61,7 @@ def saved_before(en: Enumerated, g: Grouped, shareable: AbstractSet[str] | None,
                  as_key: Callable[[str], str] = str) -> dict[str, frozenset[str]]:
     """Per decision, the `shareable` saved-tensor keys (None: every one) an earlier decision of its block (or, outside
     every block, an earlier decision outside every block) saves under some choice, each as `as_key` names it:
-    `price_choices` counts such a key there only; `held.saved_twice` asks which tensors (`_Saves.tensor`) came
+    `price_choices` counts such a key there only; `held_saved.saved_twice` asks which tensors (`_Saves.tensor`) came
     before."""
     earlier: dict[str | None, set[str]] = {}  # per block (None: outside every block), keys saved before
     out: dict[str, frozenset[str]] = {}

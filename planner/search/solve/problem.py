@@ -156,8 +156,8 @@ class HeldSaved:
     """Bytes node `node` saves beyond its choices' saved bytes, alive all step (unless its block is checkpointed:
     then recomputed, which `HeldBeside` rows count), that the formulas leave out: nbytes[i][j] where `src` takes
     choice i and `node` choice j (a copy of an input the formulas count at an earlier node, kept where the
-    input reaches `node` converted; `planner.search.held.saved_copies`), or negative, bytes its choices save that
-    the plan counts at `src` where src's choice saves them (`planner.search.held.saved_twice`). The flat ILP counts
+    input reaches `node` converted; `planner.search.held_saved.saved_copies`), or negative, bytes its choices save that
+    the plan counts at `src` where src's choice saves them (`planner.search.held_saved.saved_twice`). The flat ILP counts
     them with its held rows."""
 
     src: str
@@ -168,8 +168,8 @@ class HeldSaved:
 @dataclass
 class HeldLess:
     """Bytes the formulas count in node `node`'s saved bytes under its choice i, nbytes[i], beyond the plan's: a
-    storage the plan may count at an earlier node (saved twice: `planner.search.held.saved_twice`), or negative, a
-    view the plan counts as the larger storage it views (`planner.search.held.saved_views`); the flat ILP with held
+    storage the plan may count at an earlier node (saved twice: `planner.search.held_saved.saved_twice`), or negative, a
+    view the plan counts as the larger storage it views (`planner.search.held_saved.saved_views`); the flat ILP with held
     rows takes them off (its memory row must not count more than the plan's)."""
 
     node: str
