@@ -260,7 +260,7 @@ def _once_bound(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution]
     HF LLaMA 64 ranks 1.25x, 22.8 %): where `found`'s own bound is higher, the best of `bound` and a solve of that
     problem from `found` (`known`) that stops once its bound reaches `found`'s time (then `found` is optimal counted
     once too). Its refinements are judged by the plan's accounting (`solve`'s `judge`): a proof whose answer the plan
-    refuses is proven again counting the gradients held beside each op, and under a tightened budget (`_fixed`), as
+    refuses is proven again counting the gradients held beside each op, and under a tightened budget (`refine._fixed`), as
     in the first solve. Once with the held proofs in a second solve of their own, that solve's proof started from
     the priced answer, which the held rows refuse, and its first answer they fit ended it, refused by the plan:
     one solve is cheaper and goes on (HF LLaMA, 64 ranks, 1.25x: 3.5914 -> 3.5148 ms, 0.58 % from the held

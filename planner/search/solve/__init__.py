@@ -18,18 +18,16 @@ import math
 import time
 from collections.abc import Callable
 
-from planner.search.solve import fixing
-from planner.search.solve.block_dp import Price
 from planner.search.solve.brute_force import brute_force
 from planner.search.solve.columns import GAP_TOLERANCE, LEAST_MODES, PricedSolve
 from planner.search.solve.decompose import Decomposition, NotDecomposable, decompose
 from planner.search.solve.driver import solve_built
-from planner.search.solve.evaluate import evaluate, evaluate_indexed, held_peak
+from planner.search.solve.evaluate import evaluate, held_peak
 from planner.search.solve.flat_start import priced_starts
 from planner.search.solve.frontier import FrontierTooLarge
-from planner.search.solve.ilp import build_flat, flat_pairs, flat_size
+from planner.search.solve.ilp import build_flat, flat_size
 from planner.search.solve.indexed import IndexedProblem, ProblemError, fold_fixed_edges, fold_shared_inputs
-from planner.search.solve.milp import WORK_LIMIT, Progress, SolverError, resolve_solver
+from planner.search.solve.milp import Progress, SolverError, resolve_solver
 from planner.search.solve.min_budget import SolveMemo
 from planner.search.solve.problem import (
     NOT_PROVEN,
@@ -41,12 +39,23 @@ from planner.search.solve.problem import (
     SharedInput,
     Solution,
 )
+from planner.search.solve.refine import (
+    EXACT_FLAT_PAIRS,
+    EXACT_GAP,
+    EXACT_WORK,
+    FIT_ROUNDS,
+    PROVE_WORK,
+    RETRY_SHRINK,
+    as_given,
+    refine_answer,
+    worth_refining,
+)
 from planner.search.solve.two_level import TwoLevel
 
 __all__ = [
-    "AUTO_FLAT_LIMIT", "FIT_ROUNDS", "METHODS", "PROGRESS_DELAY_S", "Block", "Choice", "FrontierTooLarge", "NotDecomposable",
-    "Problem", "ProblemEdge", "ProblemError", "ProblemNode", "SharedInput", "Solution", "SolverError", "brute_force", "evaluate",
-    "solve",
+    "AUTO_FLAT_LIMIT", "EXACT_FLAT_PAIRS", "EXACT_GAP", "EXACT_WORK", "FIT_ROUNDS", "METHODS", "PROGRESS_DELAY_S",
+    "PROVE_WORK", "RETRY_SHRINK", "Block", "Choice", "FrontierTooLarge", "NotDecomposable", "Problem", "ProblemEdge",
+    "ProblemError", "ProblemNode", "SharedInput", "Solution", "SolverError", "brute_force", "evaluate", "solve",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,31 +66,6 @@ METHODS = ("auto", "flat", "priced", "two_level")
 # few dozen binaries (e.g. 2 s against 0.2 s for 2 blocks x 6 ops x 4 choices), and a 2-layer GPT on a
 # 2x2x2 mesh (574 binaries) takes the flat ILP 30 s against 0.3 s priced (0.6% slower plan).
 AUTO_FLAT_LIMIT = 50
-# With method "auto", a priced answer not proven within EXACT_GAP of optimal is handed to the flat ILP (exact,
-# work-limited) as its start where that ILP is small (`flat_pairs` at most EXACT_FLAT_PAIRS): the built-in mlp on 2x2x2 at 4x
-# its smallest budget, priced 0.0893 ms with a 36 % gap, becomes the optimum 0.0859 ms (gap 22 %); HF BERT's
-# (8,) mesh and gpt-tiny's 8x8 qualify, the tiny HF models' 2x2x2 (15-18k; 5-9 s each) do not.
-EXACT_GAP = 0.01
-EXACT_FLAT_PAIRS = 8_000
-EXACT_WORK = 500_000  # ... with an eighth of the flat ILP's usual work (milp.WORK_LIMIT): a start it cannot
-# improve soon is kept (HF LLaMA's (8,) mesh at 1.25x, 20k nonzeros: 10 s at the usual work, 1.9 s now)
-# Where the problem has at most four blocks (`fixing.applies`), an answer not proven within EXACT_GAP is handed
-# to reduced-cost fixing and the flat ILP over what can beat it (`fixing.prove`) with this much work, before
-# the piece swaps (`PricedSolve.improve`, which then run only where it is still not proven within EXACT_GAP).
-# With prove=True, after the swaps and without a work limit. Twice the flat ILP's usual work, per set of
-# checkpointed blocks it solves (one ILP each, the set fixed): HF LLaMA (8 ranks, 1.5x) needs 6e6 to prove
-# its answer (2.8 s CPU; 4.9 s for the whole plan, which then skips the swaps), and stops at 4e6 with a 3.4 %
-# gap (7.1 s); with one checkpoint binary per block (before) it took 20 s CPU to prove.
-PROVE_WORK = 2 * WORK_LIMIT
-# Where the caller's account does not fit the answer of that flat ILP, it runs again under the budget tightened by
-# what the account counted beyond the ILP's own peak (`_fixed`), by at most this share of the budget. Below it the
-# retries found the faster plans (HF BERT 64 ranks 1x: 0.02 %, 52.57 -> 51.45 ms; HF OPT 64 1.25x: 0.56 %,
-# 3.2493 -> 3.2034 ms; gpt-tiny 64 ranks at its smallest budget: 1.02 %, 9.8133 -> 8.2741 ms, for 3 s CPU);
-# above it none found anything (hf-gpt2 8 ranks 1.25x: 3.6 %, 4.9 s for nothing; `use_room`'s re-solves,
-# tightened back by their whole loosening).
-RETRY_SHRINK = 0.02
-# solves at most per call: the budget, then tightened by what an answer was found to take beyond it
-FIT_ROUNDS = 4
 # progress=True shows a line only for solves longer than this (seconds)
 PROGRESS_DELAY_S = 1.0
 
@@ -174,7 +158,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     judge: the bytes a refinement's answer takes (the flat ILPs from the priced answer, the pins and piece swaps),
         where it is not `account`: the plan's accounting for a solve whose rounds keep the formulas' peak
         (`meshes._once_bound`), so that a proof's answer the plan refuses is proven again under a tightened
-        budget (`_fixed`) instead of ending the search. Default: `account`, or with `held` and no account
+        budget (`refine._fixed`) instead of ending the search. Default: `account`, or with `held` and no account
         the peak the held proofs count.
     known: an answer of `problem` known to fit `budget` by the account (the caller's plan at a tighter budget:
         `use_room`). The answer returned is never slower: the flat ILP starts from it, and a priced answer's
@@ -274,17 +258,17 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
             # budget tightened by 64 KiB, where 0.4485 ms fits the plan); the answer's is what the rounds at the
             # budget proved
             _rebound(sol, at_budget, "the bound is that of the solve at the budget, before it was tightened")
-            if at_budget_round is not None and _worth_refining(sol, beaten):
-                # ... and the refinement of the last round at the budget, from this answer (`_faster_known`: the
+            if at_budget_round is not None and worth_refining(sol, beaten):
+                # ... and the refinement of the last round at the budget, from this answer (`refine._faster_known`: the
                 # account refused that round's answer), proves at the budget: the flat ILPs over what can beat it
-                # count the held rows, and where their answer does not fit, run again tightened (`_fixed`)
+                # count the held rows, and where their answer does not fit, run again tightened (`refine._fixed`)
                 first, refine = at_budget_round
                 lift_from = sol  # (the tightened round's answer, unrefined)
                 better = refine(first, lambda s: refined(s) - budget, known=sol, held=True, at=budget)
                 if better is not None and better is not first and refined(better) <= budget:
                     better.raise_bound(at_budget, GAP_TOLERANCE)
                     sol = better
-                if lift is not None and _worth_refining(sol, beaten):
+                if lift is not None and worth_refining(sol, beaten):
                     # still unproven: the tightened round's refinement may find a faster answer (hf-gpt2, 8 ranks, at
                     # its smallest budget: 1.2073 -> 1.1801 ms); its bounds hold for its budget only: not taken
                     faster = lift(lift_from, lambda s: refined(s) - budget, known=sol, at=budget)
@@ -347,7 +331,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
               ) -> tuple[Solution, Callable[..., Solution | None] | None]:
     """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
     and for a priced answer what is left for the answer `solve` keeps: the bound search (`PricedSolve.lift`)
-    and, with method "auto", the flat ILP from it where that is small, then the pins and piece swaps (`_refine`).
+    and, with method "auto", the flat ILP from it where that is small, then the pins and piece swaps (`refine.refine_answer`).
     `least`: when the priced search finds nothing that fits, whether it searches the least-memory answer
     (`PricedSolve.solve`); `known`, `held`: `solve`'s."""
     exact = IndexedProblem(problem, budget)
@@ -364,7 +348,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
         if chosen == "priced":
             try:
                 search, sol = _priced_search(ip, dec, beaten, memo, name, deadline, least)
-                lift = functools.partial(_refine, search, ip, exact, name, deadline, beaten, method == "auto",
+                lift = functools.partial(refine_answer, search, ip, exact, name, deadline, beaten, method == "auto",
                                          prove, known=known, held=held)
             except NotDecomposable as err:
                 if method == "priced":
@@ -383,7 +367,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
                 starts["initial"] = ip.vectors(known.choice, known.checkpointed)
             sol = solve_built(ip, functools.partial(build_flat, ip), solver=name, deadline=deadline, method="flat",
                               **starts)
-    return _as_given(exact, sol), lift
+    return as_given(exact, sol), lift
 
 
 def _priced_search(ip: IndexedProblem, dec: Decomposition | None, beaten: Callable[[float], bool] | None,
@@ -409,184 +393,3 @@ def _priced_search(ip: IndexedProblem, dec: Decomposition | None, beaten: Callab
     if sol.status in ("optimal", "feasible") and not (search.stopped or search.dominated) and math.isinf(deadline):
         memo.last = (key, search, sol)
     return search, sol
-
-
-def _as_given(exact: IndexedProblem, sol: Solution) -> Solution:
-    """`sol` with its objective and peak those of the problem as given (`exact`, unfolded): folding reorders
-    float sums in the last bits."""
-    if sol.choice:
-        sol.objective, sol.peak_bytes, _ = evaluate_indexed(exact, *exact.vectors(sol.choice, sol.checkpointed))
-    return sol
-
-
-def _refine(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name: str, deadline: float,
-            beaten: Callable[[float], bool] | None, small: bool, prove: bool, sol: Solution,
-            over: Callable[[Solution], int] = lambda s: 0, *, known: Solution | None, held: bool,
-            at: int | None = None) -> Solution:
-    """For the answer `solve` keeps of a priced round (once per solve, not for every round's): its bound lifted
-    (`PricedSolve.lift`); with `small` (method "auto"), the flat ILP's answer from it where that ILP is small
-    (`_exact_if_small`), from `known` instead where that is faster (`solve`'s); then, where the answer is still
-    not proven within EXACT_GAP: on problems of at most four blocks, the flat ILP over the options that can beat
-    it (`fixing.prove`, PROVE_WORK); where that leaves it unproven, a faster one from the pinned prices' columns
-    and the blocks one piece away (`PricedSolve.improve`); with `prove`, where it is still not proven optimal,
-    that flat ILP without a work limit (instead of the work-limited one). Each step's answer is taken only where
-    the caller's account fits it (`over`: the bytes it takes beyond the budget by that account), so a faster
-    answer the account does not fit never displaces one it does. Its figures are those of the problem as given
-    (`exact`). None of them where an answer found elsewhere beats its bound. `held`: `solve`'s; `at`: the budget
-    `over` judges by (`_fixed`)."""
-    search.lift(sol, deadline)
-    out = _faster_known(exact, sol, known, over)
-    # `known` in place of a priced answer no faster than it: the judge refused that answer, one the formulas fit, so
-    # the proofs count the held rows from the start (HF BERT, 64 ranks, 2x its smallest budget: the proof without
-    # them found the refused answer again, 1.6 s CPU)
-    held = held or (out is not sol and not out.objective < sol.objective)
-    if small:
-        out = _fitting(exact, out, _exact_if_small(ip, out, name, deadline, beaten), over)
-    if not prove and fixing.applies(ip) and _worth_refining(out, beaten):
-        out = _fixed(search, ip, exact, name, deadline, out, over, PROVE_WORK, held, at)
-    if _worth_refining(out, beaten):
-        out = _fitting(exact, out, search.improve(out, name, deadline), over)
-    if prove and out.status == "feasible" and out.choice and not (beaten is not None and beaten(out.bound)):
-        out = _fixed(search, ip, exact, name, deadline, out, over, None, held, at)
-    return sol if out is sol else _as_given(exact, out)
-
-
-def _fitting(exact: IndexedProblem, out: Solution, new: Solution, over: Callable[[Solution], int]) -> Solution:
-    """`new`, a refinement of `out`, where the account fits it (`over` at most 0); else `out` with `new`'s lower
-    bound (which holds for every answer, fitting or not)."""
-    if new is out or over(_as_given(exact, new)) <= 0:
-        return new
-    out.raise_bound(new.bound, GAP_TOLERANCE)
-    return out
-
-
-def _faster_known(exact: IndexedProblem, sol: Solution, known: Solution | None,
-                  over: Callable[[Solution], int] | None = None) -> Solution:
-    """`sol`, or `known` (an answer the caller knows to fit) with `sol`'s lower bound, which holds for every answer of
-    the problem, where `known` is faster, or where what the refinements are judged by (`over`; `solve`'s `judge`,
-    or the held rows' peak) refuses `sol` and fits `known`: the proofs then search for answers faster than `known`
-    that fit, not than `sol`, which does not (HF BERT, 64 ranks, 2x its smallest budget: the bound 1.7158 ms, the
-    priced answer's, the plan 1.7556 ms; proven from the plan, 1.7495 ms)."""
-    if known is None or not known.choice:
-        return sol
-    faster = known.objective < sol.objective
-    if not faster and (over is None or not over(sol) > 0):
-        return sol
-    why = "faster than this solve's" if faster else "this solve's does not fit"
-    out = _as_given(exact, Solution(status="feasible", choice=dict(known.choice), checkpointed=list(known.checkpointed),
-                                    seconds=sol.seconds, solver=sol.solver, method=sol.method,
-                                    message=f"{NOT_PROVEN}; the caller's answer, {why}"))
-    if not faster and over(out) > 0:
-        return sol
-    out.raise_bound(sol.bound, GAP_TOLERANCE)
-    return out
-
-
-def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name: str, deadline: float,
-           out: Solution, over: Callable[[Solution], int], work_limit: int | None, held: bool = False,
-           at: int | None = None) -> Solution:
-    """`out`, or the answer of the flat ILP over the options that can beat it (`fixing.prove`, with this work
-    limit) where the caller's account fits that (`over`: the bytes it takes beyond the budget by the account).
-    Where it does not, `out` with the bound it proves, and the same ILP again under the budget tightened by
-    what the account counted beyond the formulas (at least doubling, FIT_ROUNDS in all, as `solve`'s rounds;
-    by at most RETRY_SHRINK of the budget) while the last answer beats `out` by over EXACT_GAP (a tightened
-    ILP's answer is no faster): the first faster answer the account fits is taken. The tightened ILPs' bounds
-    hold for their budgets only: taken only where that is no tighter than the budget `over` judges by (`at`: a
-    round loosened by what the formulas count beyond the plan) and the ILP counts the held rows, which count no
-    more than the plan (gpt-tiny on 4x4x4 at 1.5x its smallest budget, loosened by 2 KiB: 2.9380 ms proven at
-    the budget, 1.96 % unproven before). (HF BERT on 64 ranks, 8x8, at its smallest budget: 256 B over, and again: 52.57 -> 51.45 ms.)
-    The ILPs count the gradients held beside each op (`build_flat(held=True)`) once an answer without them is
-    refused, or from the start with `held`."""
-    ranges = _fixing_ranges(search, out.objective)
-    # without the held rows first where they were not asked for, then (where the account refuses that answer) the
-    # same ILPs counting them, as the plan's accounting does
-    counting = (False,) if not ip.has_held else (True,) if held else (False, True)
-    proved = None
-    for held in counting:
-        again = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit, held=held)
-        if again is None:
-            break
-        proved, (excess, beyond) = again, _judged(ip, exact, again, over)
-        if excess <= 0:
-            return proved
-    if proved is None:
-        return out
-    # its answer does not fit the account: the bound of the last proof still holds, the held rows' where they were
-    # counted (below the plan's accounting; the formulas' can lie above an answer the plan fits: HF LLaMA, 64 ranks,
-    # 1.25x its smallest budget, 3.5528 ms proven for the formulas, 3.5148 ms found fitting the plan)
-    out.raise_bound(proved.bound, GAP_TOLERANCE)
-    out.message = "; ".join(m for m in (out.message, "lower bound from the flat ILP over the options that can "
-                                        "beat it, whose answer the plan's accounting does not fit") if m)
-    shrink = 0
-    for _ in range(FIT_ROUNDS - 1):
-        if not proved.objective < out.objective * (1 - EXACT_GAP):  # a tightened ILP's answer is no faster than
-            break  # the last one's: not worth another ILP where that one gains less than EXACT_GAP
-        # what the answer counted beyond the ILP's own peak, at least double the last tightening (none: the
-        # same ILP again, HF LLaMA 64 ranks 1.25x, where a held ILP's answer fits it and not the formulas)
-        shrink = max(beyond, 2 * shrink)
-        if not 0 < shrink <= RETRY_SHRINK * ip.budget:
-            break
-        tight = copy.copy(ip)
-        tight.budget = ip.budget - shrink
-        proved = fixing.prove(tight, out, ranges, name, deadline, work_limit=work_limit, held=held)
-        if proved is None:
-            break
-        if held and at is not None and tight.budget >= at:
-            out.raise_bound(proved.bound, GAP_TOLERANCE)
-        excess, beyond = _judged(ip, exact, proved, over)
-        if excess <= 0 and proved.objective < out.objective:
-            found = copy.copy(proved)
-            found.bound, found.status, found.gap = float("nan"), "feasible", float("nan")
-            found.message = "; ".join(m for m in (NOT_PROVEN, f"found by the flat ILP over the options that can beat "
-                                                  f"{out.objective * 1e3:.4f} ms under the budget tightened by "
-                                                  f"{shrink} B for what the plan's accounting counts beyond the "
-                                                  "formulas") if m)
-            found.raise_bound(out.bound, GAP_TOLERANCE)
-            return found
-    return out
-
-
-def _judged(ip: IndexedProblem, exact: IndexedProblem, proved: Solution, over: Callable[[Solution], int]
-            ) -> tuple[int, int]:
-    """For an answer of `fixing.prove` under `ip`'s budget: (the bytes it takes beyond the budget by the caller's
-    account, `over`; the bytes that account counts beyond the ILP's own peak, which counts the held rows where
-    it has them, not the formulas alone), with `proved`'s figures made those of `exact`."""
-    model = proved.peak_bytes
-    excess = over(_as_given(exact, proved))
-    return excess, ip.budget + excess - model
-
-
-def _fixing_ranges(search: PricedSolve, target: float) -> list[tuple[float, Price]]:
-    """The ranges of max-term levels `fixing.prove` prices options in, as (floor level, price): those of the
-    answer's bound search (`PricedSolve.ranges`) that may hold an assignment faster than `target`, or where
-    it did not run, every level from the floor up under the price that proved the best bound."""
-    if search.ranges is not None:
-        return [(floor, price) for own, floor, price in search.ranges if not own >= target]
-    return [(search.floor, search.bound_price())]
-
-
-def _worth_refining(sol: Solution, beaten: Callable[[float], bool] | None) -> bool:
-    """Whether a search for a faster answer than `sol` can pay: it is not proven within EXACT_GAP of the
-    optimum (a NaN gap: no bound at all), and no answer found elsewhere beats its lower bound already
-    (`solve`'s `beaten`: no answer here could win)."""
-    unproven = sol.status == "feasible" and bool(sol.choice) and not sol.gap <= EXACT_GAP
-    return unproven and not (beaten is not None and math.isfinite(sol.bound) and beaten(sol.bound))
-
-
-def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: float,
-                    beaten: Callable[[float], bool] | None) -> Solution:
-    """`sol`, a priced answer, or where it is not proven within EXACT_GAP and the flat ILP is small, the flat
-    ILP's answer from it (a MIP start: never worse), with the better of the two lower bounds. Not where an
-    answer found elsewhere beats its lower bound already (`solve`'s `beaten`): no answer here could win."""
-    if not _worth_refining(sol, beaten) or flat_pairs(ip) > EXACT_FLAT_PAIRS:
-        return sol
-    start = ip.vectors(sol.choice, sol.checkpointed)
-    flat = solve_built(ip, functools.partial(build_flat, ip), solver=name, deadline=deadline,
-                       method="flat", initial=start, work_limit=EXACT_WORK)
-    if flat.status not in ("optimal", "feasible") or flat.peak_bytes > ip.budget:
-        return sol
-    if flat.objective < sol.objective:
-        flat.raise_bound(sol.bound, GAP_TOLERANCE)
-        return flat
-    sol.raise_bound(flat.bound, GAP_TOLERANCE)
-    return sol

@@ -146,7 +146,7 @@ def prove(ip: IndexedProblem, sol: Solution, ranges: list[tuple[float, Price]], 
     usual work); HF BERT at 2x: 1.9 s against 4.5 s; the three other sets of each are skipped.
 
     `held`: the ILPs also count the gradients held beside each op (`build_flat(held=True)`): closer to what the
-    plan's accounting counts, so used once an answer without them was refused (`solve._fixed`)."""
+    plan's accounting counts, so used once an answer without them was refused (`refine._fixed`)."""
     if not applies(ip) or not sol.choice:
         return None
     start = time.perf_counter()

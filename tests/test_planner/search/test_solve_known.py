@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from synthetic_problems import every_assignment, repeated_blocks
 
-import planner.search.solve as solve_module
+import planner.search.solve.refine as refine_module
 from planner.search.solve import Solution, brute_force, solve
 from planner.search.solve.columns import PricedSolve
 from planner.search.solve.decompose import decompose
@@ -34,7 +34,7 @@ def test_a_known_answer_is_never_lost(seed: int, monkeypatch) -> None:
     problem = _problem(seed)
     ref = brute_force(problem)
     assert ref.status == "optimal"
-    monkeypatch.setattr(solve_module.fixing, "prove", lambda *a, **k: None)  # no reduced-cost fixing ILP
+    monkeypatch.setattr(refine_module.fixing, "prove", lambda *a, **k: None)  # no reduced-cost fixing ILP
     alone = solve(problem, method="priced")
     assert alone.objective > ref.objective * (1 + 1e-6)  # not vacuous: without it the answer is slower
     sol = solve(problem, method="priced", known=ref)
@@ -60,7 +60,7 @@ def test_a_refinement_the_account_does_not_fit_is_not_taken(seed: int, monkeypat
     problem = _problem(seed)
     ref = brute_force(problem)
     with monkeypatch.context() as m:
-        m.setattr(solve_module.fixing, "prove", lambda *a, **k: None)
+        m.setattr(refine_module.fixing, "prove", lambda *a, **k: None)
         first = solve(problem, method="priced")  # slower than the optimum (above)
     seen: list[float] = []
 
@@ -101,10 +101,10 @@ def test_a_fixing_answer_the_account_does_not_fit_is_solved_again_tighter(seed: 
         return s.peak_bytes + (extra if s.objective < slow * (1 - 1e-9) else 0) - budget
 
     expected = min([t for t, p in fitting if t < slow * (1 - 1e-9) and p <= budget - extra] + [slow])
-    monkeypatch.setattr(solve_module, "RETRY_SHRINK", 0.0)
-    assert solve_module._fixed(search, ip, ip, "highs", math.inf, copy.copy(out), over, None).objective == slow
-    monkeypatch.setattr(solve_module, "RETRY_SHRINK", 1.0)
-    got = solve_module._fixed(search, ip, ip, "highs", math.inf, out, over, None)
+    monkeypatch.setattr(refine_module, "RETRY_SHRINK", 0.0)
+    assert refine_module._fixed(search, ip, ip, "highs", math.inf, copy.copy(out), over, None).objective == slow
+    monkeypatch.setattr(refine_module, "RETRY_SHRINK", 1.0)
+    got = refine_module._fixed(search, ip, ip, "highs", math.inf, out, over, None)
     assert got.objective == pytest.approx(expected, rel=1e-9) and over(got) <= 0
     assert got.bound <= expected * (1 + 1e-9)  # no tightened ILP's bound is taken for the whole problem's
     if expected < slow:
