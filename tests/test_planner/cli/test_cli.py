@@ -17,7 +17,7 @@ from paths import ROOT as REPO_ROOT
 from plan_examples import make_plan
 from rich.console import Console
 
-import planner.search.solve as solve_module
+import planner.search.solve.refine as refine_module
 from planner.cli.app import main
 from planner.cli.frontier import Curve, budget_sweep, plot_frontier, trace_curve, write_csv
 from planner.cli.plan import infeasible_error
@@ -337,7 +337,7 @@ def test_prove_turns_an_unproven_plan_into_a_proven_one(tmp_path: Path, capsys: 
     lower bound: with the default run's flat ILP over the options that can beat it cut to its least work (ten
     solver checkpoints) the plan stays unproven; --prove runs that ILP without a work limit and proves it
     optimal (same step time)."""
-    monkeypatch.setattr(solve_module, "PROVE_WORK", 1)
+    monkeypatch.setattr(refine_module, "PROVE_WORK", 1)
     plans = {}
     for flag in ([], ["--prove"]):
         path = tmp_path / f"plan{len(flag)}.json"
