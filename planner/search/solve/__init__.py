@@ -257,14 +257,14 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
             # the plan fits may lie between (hf-gpt2, 8 ranks, 2x its smallest budget: 0.4519 ms proven at the
             # budget tightened by 64 KiB, where 0.4485 ms fits the plan); the answer's is what the rounds at the
             # budget proved
-            _rebound(sol, at_budget, "the bound is that of the solve at the budget, before it was tightened")
+            _rebound(sol, at_budget, _AT_BUDGET)
             if at_budget_round is not None and worth_refining(sol, beaten):
                 # ... and the refinement of the last round at the budget, from this answer (`refine._faster_known`: the
                 # account refused that round's answer), proves at the budget: the flat ILPs over what can beat it
                 # count the held rows, and where their answer does not fit, run again tightened (`refine._fixed`)
-                first, refine = at_budget_round
+                first, refine_first = at_budget_round
                 lift_from = sol  # (the tightened round's answer, unrefined)
-                better = refine(first, lambda s: refined(s) - budget, known=sol, held=True, at=budget)
+                better = refine_first(first, lambda s: refined(s) - budget, known=sol, held=True, at=budget)
                 if better is not None and better is not first and refined(better) <= budget:
                     better.raise_bound(at_budget, GAP_TOLERANCE)
                     sol = better
@@ -274,8 +274,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
                     faster = lift(lift_from, lambda s: refined(s) - budget, known=sol, at=budget)
                     if (faster is not None and faster.choice and faster.objective < sol.objective
                             and refined(faster) <= budget):
-                        _rebound(faster, sol.bound, "the bound is that of the solve at the budget, before it was "
-                                 "tightened")
+                        _rebound(faster, sol.bound, _AT_BUDGET)
                         sol = faster
         if restricted:
             # step_problem's bounds (its rounds', and the lift's) hold for its restriction only: the answer's
@@ -296,6 +295,9 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
             sol = least
     sol.seconds = time.perf_counter() - start
     return sol
+
+
+_AT_BUDGET = "the bound is that of the solve at the budget, before it was tightened"
 
 
 def _rebound(sol: Solution, bound: float, why: str) -> None:
