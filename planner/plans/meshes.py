@@ -322,12 +322,20 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
     for _ in range(_LEAST_ROUNDS):
         # each round starts that much below its limit: its answers are alike, and a round that starts at the
         # limit is sent back for that excess first (HF GPT-2, 8 ranks: two solves of 2 s each saved)
-        sol = account.solve(limit - 1, solver=solver, time_limit=time_limit, loosen=-excess, least="never")
+        # (unrefined: only its peak counts here, unless it fits the budget)
+        options = dict(solver=solver, time_limit=time_limit, loosen=-excess, least="never")
+        sol = account.solve(limit - 1, refine=False, **options)
         if sol.status not in ("optimal", "feasible"):
             break
         q = account.plan(sol)
         if q.predicted.bound_bytes <= budget:
-            return MeshResult(mesh, q, sol.objective)
+            # the same solve refined (its search kept: `solve`'s `refine`), where the plan fits that answer too
+            better = account.solve(limit - 1, known=sol, **options)
+            if better.status in ("optimal", "feasible") and better.objective < sol.objective:
+                plan = account.plan(better)
+                if plan.predicted.bound_bytes <= budget:
+                    return MeshResult(mesh, plan, better.objective)
+            return MeshResult(mesh, account.plan(sol), sol.objective)
         limit = smallest = q.predicted.bound_bytes
         excess = max(0, smallest - sol.peak_bytes)
     return MeshResult(mesh, least=smallest)

@@ -96,8 +96,8 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
           loosen: int = 0, beaten: Callable[[float], bool] | None = None, memo: SolveMemo | None = None,
           step_problem: Problem | None = None, step_binds: Callable[[Solution], bool] | None = None,
           step_memo: SolveMemo | None = None, least: str | None = None, prove: bool = False,
-          known: Solution | None = None, held: bool = False, judge: Callable[[Solution], int] | None = None
-          ) -> Solution:
+          known: Solution | None = None, held: bool = False, judge: Callable[[Solution], int] | None = None,
+          refine: bool = True) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
@@ -163,6 +163,11 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
     known: an answer of `problem` known to fit `budget` by the account (the caller's plan at a tighter budget:
         `use_room`). The answer returned is never slower: the flat ILP starts from it, and a priced answer's
         refinement takes it where it is faster and searches only for answers faster than it.
+    refine: False: the answer a round's search found, without its refinement (`refine.refine_answer`: the bound
+        search, the flat ILPs from it, the piece swaps), and its search kept in `memo` as unrefined
+        (`SolveMemo.keep_last`), so that a solve at the same budget refines it without searching again. For a caller
+        that wants an answer's peak, not its speed (`narrow_least`, looking for a smaller budget: HF GPT-2 on 8
+        ranks, 18 s of its 26 s smallest-budget search were proofs of answers too big for the budget of 1 B).
 
     A round's lower bound holds for every later round (their budgets are tighter), so the answer's bound is
     the best of all rounds; the priced search's most expensive bound (by ranges of max-term levels) runs
@@ -243,6 +248,9 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
             break
     else:
         sol, lift = _unfit(problem, budget, shrink, account, name, deadline, method, progress, memo), None
+    if not refine:
+        lift, at_budget_round = None, None
+        memo.keep_last()
     if sol.status in ("optimal", "feasible"):
         sol.raise_bound(proven, GAP_TOLERANCE)
         if lift is not None and (shrink <= 0 or at_budget_round is None or restricted):
@@ -393,5 +401,5 @@ def _priced_search(ip: IndexedProblem, dec: Decomposition | None, beaten: Callab
     search = PricedSolve(ip, dec or decompose(ip), beaten, memo)
     sol = search.solve(name, deadline, lift=False, least=least)
     if sol.status in ("optimal", "feasible") and not (search.stopped or search.dominated) and math.isinf(deadline):
-        memo.last = (key, search, sol)
+        memo.last = (key, search, copy.copy(sol))  # (as found: the rounds change the answer they return)
     return search, sol

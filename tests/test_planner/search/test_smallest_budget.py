@@ -105,6 +105,32 @@ def test_a_search_whose_answer_was_refused_serves_the_next_solve_at_its_budget(m
     assert stopped.status == "beaten" and len(runs) == 3 and not memo.priced
 
 
+def test_an_unrefined_solve_keeps_its_search_for_the_refined_one(monkeypatch) -> None:
+    """`solve(refine=False)` (`narrow_least`: only the answer's peak matters there) returns its search's answer without
+    the refinements, never faster and never with a higher bound than the refined solve's, and keeps the search: a
+    solve at the same budget refines it without searching again, to the answer, bound and message of a solve
+    without the memo."""
+    from planner.search.solve import columns
+
+    graph = _graph("hf-bert")
+    hw = load_profile("a100-80gb")
+    problem = build_problem(graph, MESH, hw, 1, device=hw.device, bytes_per_param=16, schemes=None).problem
+    budget = int(1.5 * solve(problem, budget=0, method="priced").min_feasible_budget)
+    fresh = solve(problem, budget=budget, method="priced")
+    runs = []
+    real = columns.PricedSolve.solve
+    monkeypatch.setattr(columns.PricedSolve, "solve", lambda self, *a, **k: runs.append(1) or real(self, *a, **k))
+    memo = SolveMemo(problem)
+    rough = solve(problem, budget=budget, method="priced", memo=memo, refine=False)
+    assert rough.status in ("optimal", "feasible") and rough.peak_bytes <= budget
+    assert rough.objective >= fresh.objective and not rough.bound > fresh.bound
+    assert len(runs) == 1 and len(memo.priced) == 1
+    again = solve(problem, budget=budget, method="priced", memo=memo)
+    assert len(runs) == 1 and not memo.priced
+    assert (again.choice, again.checkpointed, again.objective, again.bound, again.status, again.message) == \
+        (fresh.choice, fresh.checkpointed, fresh.objective, fresh.bound, fresh.status, fresh.message)
+
+
 def test_with_an_account_a_budget_proven_to_fit_nothing_skips_the_least_memory_search() -> None:
     """`plan_mesh` passes an account and, where nothing fits, asks for the least-memory answer itself at
     budget 0: its solve at the budget answers "infeasible" without one where the priced search proves that
