@@ -91,6 +91,11 @@ _ILP_NODES_MIXED = 10_000
 _ILP_STALL = 1_000
 # Where nothing found fits, when the least-memory search runs (`PricedSolve.solve`'s `least`)
 LEAST_MODES = ("always", "unproven", "never")
+# With least "never" (`narrow_least`, looking below the least-memory plan's bound for a smaller budget), each column
+# ILP stops after this much work (`solve_milp`): its answer only narrows the smallest budget, where any answer that
+# fits does, and proving that none exists can take HiGHS's root long (zoo HF BERT on 2x2x2: 17 s of cut rounds at
+# one node for "infeasible"; 1 s to this limit)
+_NARROW_WORK = 1_000_000
 
 
 def _ilp_gap(upper: float, bound: float) -> float:
@@ -433,8 +438,9 @@ class PricedSolve(PricedRuns):
             outer = self._outer(only)
             every = outer.points
             outer.points = usable_columns(ip, self.dec, every, outer.allowed, upper)
+            work = _NARROW_WORK if self.least == "never" else None
             rnd = outer.outer("time", solver, deadline, upper, rel_gap=_ilp_gap(upper, bound), node_limit=nodes,
-                              stall_nodes=_ILP_STALL)
+                              stall_nodes=_ILP_STALL, work_limit=work)
             cut = cut or rnd.res.status not in ("optimal", "infeasible")
             fits = rnd.peak <= ip.budget or answer is None  # over by solver tolerance: only in place of none
             if rnd.res.x is not None and rnd.value < upper and fits:

@@ -25,14 +25,21 @@ def _graph(name: str):
     return capture(ex.model, ex.example_inputs, name=name)
 
 
-def test_replanning_at_the_reported_smallest_budget_fits_it() -> None:
-    graph = _graph("hf-llama")
+@pytest.mark.parametrize("name", ["hf-llama", "hf-bert"])
+def test_replanning_at_the_reported_smallest_budget_fits_it(name: str) -> None:
+    """HF BERT's least-memory plan is narrowed (`narrow_least`: its solves unrefined, their column ILPs with no
+    answer to start from work-limited), HF LLaMA's is not: either way the budget reported is met. HF LLaMA's is
+    the least this planner finds; HF BERT's plan there takes 3,488 B less, and below the budget reported the
+    plan at that budget (not a search for the least) can find a smaller one still: the search is an upper bound."""
+    graph = _graph(name)
     with pytest.raises(InfeasibleError) as err:
         plan(graph, 1, world_size=8, workers=1, meshes=[MESH])
     need = err.value.min_budget_bytes
     assert need is not None and need > 1
     p = plan(graph, need, world_size=8, workers=1, meshes=[MESH])
     assert p.feasible and p.predicted.bound_bytes <= need
+    if name == "hf-bert":
+        return
     with pytest.raises(InfeasibleError):  # and it is the smallest this planner finds: one byte less fails
         plan(graph, p.predicted.bound_bytes - 1, world_size=8, workers=1, meshes=[MESH])
 
