@@ -267,6 +267,15 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         if t is None or index[op.name] > index[t]:
             block = None
         waits = block is not None and roots[t] not in waiting and roots[t] != roots[op.name]
+        # ... and where it may share a waiting gradient's storage, apart where a passthrough on its way there breaks
+        # (hf-gpt2's MLP dropout, whose gradient the residual add hands on: 8 KiB beside the MLP projection at the
+        # recomputation, where the dropout's input and output layouts differ)
+        joins = None
+        if (block is not None and roots[t] in waiting and roots[t] != roots[op.name] and t not in waiting[roots[t]]
+                and all(roots.get(src) != roots[t] for src in op.inputs)):
+            least = min(per_choice(t, grad)[1])
+            ways = [broken(nodes[x], least) for x in _apart(t, waiting[roots[t]], links) if x in links]
+            joins = _any_broken(ways) if ways else None
         # the op's own working set, or, at the recomputation, the conversion into it from a decision it is the
         # only conversion from (elsewhere the plan takes what the op saves off a conversion's working set, the
         # storages it keeps: views and converted copies can make that more than the rule's saved bytes, which the
@@ -279,8 +288,14 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
             if not recomputation and not waiting and not shared:
                 continue  # nothing beyond the op's own working set, which the node's transient counts
             terms = dict(held)
+            row_pairs = pairs
             if recomputation and waits:
                 add(terms, *per_choice(t, grad))
+            elif recomputation and joins is not None:
+                if len(joins) == 2:
+                    add(terms, *joins)
+                else:
+                    row_pairs = [*pairs, joins]
             rest = sorted((u, b) for u, b in terms.items() if u != node)
             mine, copies = recomputed(g.decisions[node], op.name) if recomputation else ([0] * len(work), [])
             earlier: list[tuple[str, list[int]]] = []
@@ -293,8 +308,8 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                 base = work if source is None else [0] * len(work)  # the op's, or the conversion's on the edge
                 own = [a + b + c for a, b, c in zip(base, terms[node], mine)]
                 key = (node, tuple(own), tuple((u, tuple(b)) for u, b in rest), floor, recomputation, source,
-                       tuple((a, b, tuple(map(tuple, m))) for a, b, m in pairs + copies))
+                       tuple((a, b, tuple(map(tuple, m))) for a, b, m in row_pairs + copies))
                 if key not in seen:
                     seen.add(key)
-                    rows.append(HeldBeside(node, own, rest, floor, recomputation, source, pairs, earlier, copies))
+                    rows.append(HeldBeside(node, own, rest, floor, recomputation, source, row_pairs, earlier, copies))
     return rows
