@@ -348,6 +348,23 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
     pair variables); a row at a block's recomputation only where that block may be checkpointed, its working set
     and the recomputed activations on the block's and-vectors (zero when it is not)."""
     edges = {(e.src, e.dst): k for k, e in enumerate(ip.edges)}
+    shared: dict[tuple[bytes, bytes], int] = {}
+
+    def pair_term(pairs: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A pair term of a row as one variable equal to it, shared by every row with the same term (a gradient
+        apart where a passthrough breaks is beside every op up to its block's recomputation: hf-gpt2's 41 rows of
+        630 pair variables each, which cut the held ILP's work limit (per nonzero) short of its proof)."""
+        key = (pairs.tobytes(), nbytes.tobytes())
+        if key not in shared:
+            z = int(b.model.add_vars(1, lb=-np.inf, ub=np.inf)[0])
+            term = LinExpr()
+            term.add(np.array([z]), 1.0)
+            some = nbytes.ravel() != 0
+            term.add(pairs.ravel()[some], -nbytes.ravel()[some].astype(float))
+            b.add_expr_row(term, 0.0, 0.0)
+            shared[key] = z
+        return np.array([shared[key]]), np.ones(1)
+
     for u, v, nbytes in ip.held_saved:  # saved all step, unless v's block is checkpointed (then recomputed)
         k = edges.get((u, v))
         mask = None if k is None else allowed.get(k)
@@ -371,8 +388,7 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
             most += float(nbytes.max())
         for u, w, nbytes in row.recomputed_pairs:
             k = edges.get((u, w))
-            expr.add(b.pair_vars(ends(u), ends(w), None if k is None else allowed.get(k)).ravel(),
-                     nbytes.ravel().astype(float))
+            expr.add(*pair_term(b.pair_vars(ends(u), ends(w), None if k is None else allowed.get(k)), nbytes))
             most += float(nbytes.max())
         expr.add(ends(v), row.own.astype(float))
         most += float(row.own.max()) + row.floor
@@ -388,8 +404,7 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
             most += float(nbytes.max())
         for u, w, nbytes in row.pairs:
             k = edges.get((u, w))
-            pairs = b.pair_vars(s[u], s[w], None if k is None else allowed.get(k))
-            expr.add(pairs.ravel(), nbytes.ravel().astype(float))
+            expr.add(*pair_term(b.pair_vars(s[u], s[w], None if k is None else allowed.get(k)), nbytes))
             most += float(nbytes.max())
         expr.const += row.floor
         b.tops.append((expr, most))
