@@ -325,11 +325,6 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
         # (unrefined: only its peak counts here, unless it fits the budget)
         options = dict(solver=solver, time_limit=time_limit, loosen=-excess, least="never")
         sol = account.solve(limit - 1, refine=False, **options)
-        if sol.status not in ("optimal", "feasible") and excess > 0:
-            # nothing fits that far below: the excess was another answer's; from the limit itself, each round tightened
-            # by what the plan counts beyond its own answer (zoo HF BERT on 2x2x2: 1,568,160 -> 1,564,672 B)
-            excess, options["loosen"] = 0, 0
-            sol = account.solve(limit - 1, refine=False, **options)
         if sol.status not in ("optimal", "feasible"):
             break
         q = account.plan(sol)
