@@ -46,6 +46,7 @@ from planner.search.solve.refine import (
     FIT_ROUNDS,
     PROVE_WORK,
     RETRY_SHRINK,
+    RETRY_WORK_SHARE,
     as_given,
     refine_answer,
     worth_refining,
@@ -279,7 +280,8 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
                 if lift is not None and worth_refining(sol, beaten):
                     # still unproven: the tightened round's refinement may find a faster answer (hf-gpt2, 8 ranks, at
                     # its smallest budget: 1.2073 -> 1.1801 ms); its bounds hold for its budget only: not taken
-                    faster = lift(lift_from, lambda s: refined(s) - budget, known=sol, at=budget)
+                    faster = lift(lift_from, lambda s: refined(s) - budget, known=sol, at=budget,
+                                  share=RETRY_WORK_SHARE)
                     if (faster is not None and faster.choice and faster.objective < sol.objective
                             and refined(faster) <= budget):
                         _rebound(faster, sol.bound, _AT_BUDGET)

@@ -22,7 +22,8 @@ from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import WORK_LIMIT
 from planner.search.solve.problem import NOT_PROVEN, Solution
 
-__all__ = ["EXACT_FLAT_PAIRS", "EXACT_GAP", "EXACT_WORK", "FIT_ROUNDS", "PROVE_WORK", "RETRY_SHRINK", "as_given",
+__all__ = ["EXACT_FLAT_PAIRS", "EXACT_GAP", "EXACT_WORK", "FIT_ROUNDS", "PROVE_WORK", "RETRY_SHRINK", "RETRY_WORK_SHARE",
+           "as_given",
            "refine_answer", "worth_refining"]
 
 # With method "auto", a priced answer not proven within EXACT_GAP of optimal is handed to the flat ILP (exact,
@@ -51,7 +52,10 @@ PROVE_WORK = 4 * WORK_LIMIT
 # tightened back by their whole loosening).
 RETRY_SHRINK = 0.02
 # ... each with this share of the proof's work: it looks for a faster answer that fits, and one it does not find soon
-# it seldom finds (hf-gpt2, 8 ranks, at its smallest budget: 24.8 s to prove that none beats the plan's 1.2073 ms)
+# it seldom finds (hf-gpt2, 8 ranks, at its smallest budget: 24.8 s to prove that none beats the plan's 1.2073 ms).
+# So does `solve`'s refinement of a tightened round's answer (`refine_answer(share=)`), whose bounds are not taken
+# (the same cell: 14.4 s for a held proof at the tightened budget whose answer the plan refused; at 1,445,760 B it
+# still finds 1.1801 ms)
 RETRY_WORK_SHARE = 4
 # solves at most per call: the budget, then tightened by what an answer was found to take beyond it
 FIT_ROUNDS = 4
@@ -68,7 +72,7 @@ def as_given(exact: IndexedProblem, sol: Solution) -> Solution:
 def refine_answer(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name: str, deadline: float,
             beaten: Callable[[float], bool] | None, small: bool, prove: bool, sol: Solution,
             over: Callable[[Solution], int] = lambda s: 0, *, known: Solution | None, held: bool,
-            at: int | None = None) -> Solution:
+            at: int | None = None, share: int = 1) -> Solution:
     """For the answer `solve` keeps of a priced round (once per solve, not for every round's): its bound lifted
     (`PricedSolve.lift`); with `small` (method "auto"), the flat ILP's answer from it where that ILP is small
     (`_exact_if_small`), from `known` instead where that is faster (`solve`'s); then, where the answer is still
@@ -79,7 +83,8 @@ def refine_answer(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem
     the caller's account fits it (`over`: the bytes it takes beyond the budget by that account), so a faster
     answer the account does not fit never displaces one it does. Its figures are those of the problem as given
     (`exact`). None of them where an answer found elsewhere beats its bound. `held`: `solve`'s; `at`: the budget
-    `over` judges by (`_fixed`)."""
+    `over` judges by (`_fixed`); `share`: the flat ILPs over what can beat it get PROVE_WORK / share (`solve`'s
+    search for a faster answer from a tightened round, whose bounds are not taken: RETRY_WORK_SHARE)."""
     search.lift(sol, deadline)
     out = _faster_known(exact, sol, known, over)
     # `known` in place of a priced answer no faster than it: the judge refused that answer, one the formulas fit, so
@@ -89,7 +94,7 @@ def refine_answer(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem
     if small:
         out = _fitting(exact, out, _exact_if_small(ip, out, name, deadline, beaten), over)
     if not prove and fixing.applies(ip) and worth_refining(out, beaten):
-        out = _fixed(search, ip, exact, name, deadline, out, over, PROVE_WORK, held, at)
+        out = _fixed(search, ip, exact, name, deadline, out, over, PROVE_WORK // share, held, at)
     if worth_refining(out, beaten):
         out = _fitting(exact, out, search.improve(out, name, deadline), over)
     if prove and out.status == "feasible" and out.choice and not (beaten is not None and beaten(out.bound)):
