@@ -76,12 +76,9 @@ def test_a_memo_answers_later_solves_with_the_same_least_memory_assignment() -> 
         (fresh.choice, fresh.checkpointed, fresh.min_feasible_budget, fresh.peak_bytes)
 
 
-def test_a_search_whose_answer_was_refused_serves_the_next_solve_at_its_budget(monkeypatch) -> None:
-    """A solve stopped right after the caller's account refused its answer (`plan_mesh`'s first solve, refused for a
-    tensor counted once) keeps its priced search in the memo; the next solve of the problem at that budget
-    (`_once_bound`'s) runs none of its own, and its answer, bound and message are those of a solve without the
-    memo. Kept once, and only that way: a solve whose answer was refined keeps nothing. A `beaten` that the
-    search's final bound meets stops a kept search as it would stop a new one."""
+def _bert_searches_counted(monkeypatch) -> tuple:
+    """HF BERT's problem on 2x2x2 at 1.5x its least peak, a solve of it there without a memo, and a list that grows by
+    one per priced search run from now on."""
     from planner.search.solve import columns
 
     graph = _graph("hf-bert")
@@ -89,9 +86,19 @@ def test_a_search_whose_answer_was_refused_serves_the_next_solve_at_its_budget(m
     problem = build_problem(graph, MESH, hw, 1, device=hw.device, bytes_per_param=16, schemes=None).problem
     budget = int(1.5 * solve(problem, budget=0, method="priced").min_feasible_budget)
     fresh = solve(problem, budget=budget, method="priced")
-    runs = []
+    runs: list[int] = []
     real = columns.PricedSolve.solve
     monkeypatch.setattr(columns.PricedSolve, "solve", lambda self, *a, **k: runs.append(1) or real(self, *a, **k))
+    return problem, budget, fresh, runs
+
+
+def test_a_search_whose_answer_was_refused_serves_the_next_solve_at_its_budget(monkeypatch) -> None:
+    """A solve stopped right after the caller's account refused its answer (`plan_mesh`'s first solve, refused for a
+    tensor counted once) keeps its priced search in the memo; the next solve of the problem at that budget
+    (`_once_bound`'s) runs none of its own, and its answer, bound and message are those of a solve without the
+    memo. Kept once, and only that way: a solve whose answer was refined keeps nothing. A `beaten` that the
+    search's final bound meets stops a kept search as it would stop a new one."""
+    problem, budget, fresh, runs = _bert_searches_counted(monkeypatch)
 
     def refused_once(memo: SolveMemo) -> None:
         refused = []
@@ -117,16 +124,7 @@ def test_an_unrefined_solve_keeps_its_search_for_the_refined_one(monkeypatch) ->
     the refinements, never faster and never with a higher bound than the refined solve's, and keeps the search: a
     solve at the same budget refines it without searching again, to the answer, bound and message of a solve
     without the memo."""
-    from planner.search.solve import columns
-
-    graph = _graph("hf-bert")
-    hw = load_profile("a100-80gb")
-    problem = build_problem(graph, MESH, hw, 1, device=hw.device, bytes_per_param=16, schemes=None).problem
-    budget = int(1.5 * solve(problem, budget=0, method="priced").min_feasible_budget)
-    fresh = solve(problem, budget=budget, method="priced")
-    runs = []
-    real = columns.PricedSolve.solve
-    monkeypatch.setattr(columns.PricedSolve, "solve", lambda self, *a, **k: runs.append(1) or real(self, *a, **k))
+    problem, budget, fresh, runs = _bert_searches_counted(monkeypatch)
     memo = SolveMemo(problem)
     rough = solve(problem, budget=budget, method="priced", memo=memo, refine=False)
     assert rough.status in ("optimal", "feasible") and rough.peak_bytes <= budget
