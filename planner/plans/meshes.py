@@ -335,7 +335,7 @@ def narrow_least(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Ca
                 plan = account.plan(better)
                 if plan.predicted.bound_bytes <= budget:
                     return MeshResult(mesh, plan, better.objective)
-            return MeshResult(mesh, account.plan(sol), sol.objective)
+            return MeshResult(mesh, q, sol.objective)
         limit = smallest = q.predicted.bound_bytes
         excess = max(0, smallest - sol.peak_bytes)
     return MeshResult(mesh, least=smallest)

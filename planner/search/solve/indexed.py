@@ -9,7 +9,7 @@ between the same pair of nodes are merged (their matrices summed): the formulas 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +84,12 @@ class HeldRow:
                        self.recomputation, self.source, [(u, w, b[np.ix_(keep[u], keep[w])]) for u, w, b in self.pairs],
                        [(u, b[keep[u]]) for u, b in self.recomputed],
                        [(u, w, b[np.ix_(keep[u], keep[w])]) for u, w, b in self.recomputed_pairs])
+
+
+def _both(a: np.ndarray | None, b: np.ndarray | None, combine: Callable[[np.ndarray, np.ndarray], np.ndarray]
+          ) -> np.ndarray | None:
+    """Two optional bytes matrices of merged edges combined (None: all zero, the other one as it is)."""
+    return b if a is None else (a if b is None else combine(a, b))
 
 
 class IndexedProblem:
@@ -182,9 +188,7 @@ class IndexedProblem:
             if (src, dst) in merged:  # times and saved bytes add up; working sets do not coexist: the larger counts
                 m = merged[(src, dst)]
                 m[0], m[1] = m[0] + cost, m[1] + rec
-                m[2] = work if m[2] is None else (m[2] if work is None else np.maximum(m[2], work))
-                m[3] = kept if m[3] is None else (m[3] if kept is None else m[3] + kept)
-                m[4] = unckpt if m[4] is None else (m[4] if unckpt is None else np.maximum(m[4], unckpt))
+                m[2], m[3], m[4] = _both(m[2], work, np.maximum), _both(m[3], kept, np.add), _both(m[4], unckpt, np.maximum)
             else:
                 merged[(src, dst)] = [cost, rec, work, kept, unckpt]
         self.edges: list[IndexedEdge] = [IndexedEdge(s, d, c, r, w, k, None if u is w else u)

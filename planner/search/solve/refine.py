@@ -22,9 +22,8 @@ from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import WORK_LIMIT
 from planner.search.solve.problem import NOT_PROVEN, Solution
 
-__all__ = ["EXACT_FLAT_PAIRS", "EXACT_GAP", "EXACT_WORK", "FIT_ROUNDS", "PROVE_WORK", "RETRY_SHRINK", "RETRY_WORK_SHARE",
-           "as_given",
-           "refine_answer", "worth_refining"]
+__all__ = ["EXACT_FLAT_PAIRS", "EXACT_FLAT_PAIRS_MANY", "EXACT_GAP", "EXACT_WORK", "FIT_ROUNDS", "PROVE_WORK",
+           "RETRY_SHRINK", "RETRY_WORK_SHARE", "as_given", "refine_answer", "worth_refining"]
 
 # With method "auto", a priced answer not proven within EXACT_GAP of optimal is handed to the flat ILP (exact,
 # work-limited) as its start where that ILP is small (`flat_pairs` at most EXACT_FLAT_PAIRS): the built-in mlp on 2x2x2 at 4x
@@ -231,9 +230,11 @@ def worth_refining(sol: Solution, beaten: Callable[[float], bool] | None) -> boo
 
 def _exact_if_small(ip: IndexedProblem, sol: Solution, name: str, deadline: float,
                     beaten: Callable[[float], bool] | None) -> Solution:
-    """`sol`, a priced answer, or where it is not proven within EXACT_GAP and the flat ILP is small, the flat
-    ILP's answer from it (a MIP start: never worse), with the better of the two lower bounds. Not where an
-    answer found elsewhere beats its lower bound already (`solve`'s `beaten`): no answer here could win."""
+    """`sol`, a priced answer, or where it is not proven within EXACT_GAP and the flat ILP is small (EXACT_FLAT_PAIRS,
+    with EXACT_WORK; on problems `fixing.prove` does not take, EXACT_FLAT_PAIRS_MANY, with the usual WORK_LIMIT above
+    EXACT_FLAT_PAIRS), the flat ILP's answer from it (a MIP start: never worse), with the better of the two lower
+    bounds. Not where an answer found elsewhere beats its lower bound already (`solve`'s `beaten`): no answer here
+    could win."""
     if not worth_refining(sol, beaten):
         return sol
     pairs, many = flat_pairs(ip), not fixing.applies(ip)
