@@ -116,6 +116,14 @@ def agree(facts: Mapping[str, str], what: str, *, timeout_s: float = AGREE_TIMEO
             diffs.append(f"{name}: " + "; ".join(f"{_ranks(rs)} {v}" for v, rs in
                                                   sorted(sides.items(), key=lambda kv: kv[1][0])))
     if diffs:
+        # every rank read every rank's facts before any leaves: the store lives in rank 0's process, and a rank that
+        # raised and exited first left the others a closed connection instead of this message (seen under load)
+        done = [f"{prefix}read/{r}" for r in range(world)]
+        store.set(done[rank], "1")
+        try:
+            store.wait(done, timedelta(seconds=timeout_s))
+        except Exception:  # noqa: BLE001 - a rank gone since: the message below is still this rank's
+            pass
         raise RankMismatchError(f"the ranks disagree before {what}, so their collectives would not match: "
                                 + " | ".join(diffs) + ". Give every rank the same plan file, model and inputs")
 
