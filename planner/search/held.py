@@ -28,7 +28,7 @@ from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
 from cost_models.strides import is_identity
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.held_saved import _MAY_VIEW, _arrives, _head, _received, _Saves
+from planner.search.held_saved import _MAY_VIEW, _arrives, _head, _is_output, _received, _Saves
 from planner.search.solve.problem import HeldBeside
 from planner.search.tied import tied_uses
 from planner.trace.graph import ModelGraph
@@ -192,11 +192,13 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                     table = tables.setdefault(u, [[0] * n for _ in unconverted])
                     for cu, same in enumerate(unconverted):
                         table[cu][c] += t.bytes if anew or not same else 0
-            # a view and a tensor of the op it views may be one storage: the larger of them
+            # a view and the output of the op it views may be one storage: the larger of them (not an op's own buffer:
+            # hf-gpt2's MLP projection keeps its converted input beside the GELU's view of its output, 32 KiB)
             viewed = {sid[:-2] for sid in most if sid.endswith(":*")}
             groups: dict[str, int] = {}
             for sid, nbytes in most.items():
-                group = sid[:-2] if sid.endswith(":*") else (_head(sid) if _head(sid) in viewed else sid)
+                group = sid[:-2] if sid.endswith(":*") else (_head(sid) if _is_output(sid) and _head(sid) in viewed
+                                                             else sid)
                 groups[group] = max(groups.get(group, 0), nbytes)
             out.append(sum(groups.values()))
         return out, [(u, d.name, table) for u, table in tables.items() if any(map(any, table))]

@@ -36,6 +36,14 @@ def _head(key: str) -> str:
     return key.partition(":")[0]
 
 
+def _is_output(key: str) -> bool:
+    """Whether saved-tensor key `key` is an op's output as it flows ("<op>:[layout]"), which a view of that output may
+    share a storage with; not one of the op's own buffers ("<op>:<what>:...", e.g. a converted input it keeps) nor a
+    converted copy ("<key>@<op>"), storages of their own."""
+    rest = key.partition(":")[2]
+    return rest.startswith("[") and "@" not in rest
+
+
 def _received(key: str, op: OpNode, strat: Strategy, g: Grouped, d: Decision) -> int | None:
     """The argument of `op` (of decision d, taking `strat`) whose input from another decision it saves as it
     receives it (saved-tensor key `key`), or None."""
@@ -251,7 +259,8 @@ class _Saves:
                     for t in self.en.costs[op][k].saved:
                         sid, viewed = self.storage(t.key)
                         keys.add(sid)
-                        heads.add(viewed or _head(t.key))
+                        if viewed is not None or _is_output(t.key):
+                            heads.add(viewed or _head(t.key))
                         if viewed is not None:
                             views.add(viewed)
         return out
@@ -273,4 +282,4 @@ class _Saves:
         keys, views, heads = earlier
         if viewed is not None:
             return sid, viewed not in heads
-        return sid, sid not in keys and _head(key) not in views
+        return sid, sid not in keys and not (_is_output(key) and _head(key) in views)

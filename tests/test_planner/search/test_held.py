@@ -254,25 +254,32 @@ def test_a_conversion_into_an_op_of_a_block_not_checkpointed_counts_without_what
     assert equal >= 6
 
 
-def test_at_the_recomputation_the_trigger_gradient_counts_where_its_passthrough_to_a_waiting_one_breaks() -> None:
-    """hf-gpt2 (the built-in, transformers' GPT-2) on 2x2x2, every block checkpointed, random assignments: the MLP
-    dropout's output gradient waits through its block's recomputation beside the residual stream's, one storage with
-    it only where the residual add hands it on unchanged. The rows at the recomputation count it where that
-    passthrough breaks, as the plan does: the held peak never exceeds the plan's bound and equals it in 6 of 16 (none
-    before: 8 KiB short at the MLP projection; the held ILP's 1.1594 ms answer at its smallest budget was refused)."""
-    ex = get_example("hf-gpt2")
-    graph = capture(ex.model, ex.example_inputs, name="hf-gpt2")
+@pytest.mark.parametrize(("name", "samples", "least"), [("hf-gpt2", 16, 13), ("hf-llama", 24, 10)])
+def test_at_the_recomputation_the_rows_count_what_the_plan_counts(name: str, samples: int, least: int) -> None:
+    """hf-gpt2 (the built-in, transformers' GPT-2) and zoo HF LLaMA on 2x2x2, every block checkpointed, random
+    assignments: the held peak never exceeds the plan's bound and equals it in `least` of them.
+
+    hf-gpt2: the MLP dropout's output gradient waits through its block's recomputation beside the residual stream's,
+    one storage with it only where the residual add hands it on unchanged; the rows at the recomputation count it
+    where that passthrough breaks, as the plan does (none of 16 equal before: 8 KiB short at the MLP projection; the
+    held ILP's 1.1594 ms answer at its smallest budget was refused). Both: an op's own buffer and a view of its output
+    are two storages the recomputation makes, not one (hf-gpt2: the MLP projection keeps its converted input, the
+    GELU saves a view of the projection's output; 6 of 16 and 5 of 24 equal while the rows counted the larger only)."""
+    from zoo import ZOO, build
+
+    ex = build(name) if name in ZOO else get_example(name)
+    graph = capture(ex.model, ex.example_inputs, name=name)
     hw = load_profile("a100-80gb")
     built = build_problem(graph, candidate_meshes(8, 8)[-1], hw, 10**12, device=hw.device)
     ip = IndexedProblem(built.problem)
     every = list(range(len(ip.block_names)))
     rng = random.Random(0)
     equal = 0
-    for _ in range(16):
+    for _ in range(samples):
         choice = [rng.randrange(n) for n in ip.sizes]
         sol = Solution(status="feasible", choice=dict(zip(ip.names, choice)), checkpointed=list(ip.block_names))
         bound = assemble_plan(graph, built, sol, hw, budget_bytes=10**12, device=hw.device, bytes_per_param=16,
                               checkpointing=True, schemes=None).predicted.bound_bytes
         assert held_peak(ip, choice, every) <= bound
         equal += held_peak(ip, choice, every) == bound
-    assert equal >= 6
+    assert equal >= least
