@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from cost_models.grad_buffers import held_groups, passthrough_candidates
+from cost_models.grad_buffers import held_groups, passthrough_candidates, tracked_gradients
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
 from cost_models.strides import is_identity
 from planner.search.decisions import Decision, Enumerated, Grouped
+from planner.search.held_recompute import forward_rows
 from planner.search.held_saved import _MAY_VIEW, _arrives, _head, _is_output, _received, _Saves
 from planner.search.solve.problem import HeldBeside
 from planner.search.tied import tied_uses
@@ -203,20 +204,31 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
             out.append(sum(groups.values()))
         return out, [(u, d.name, table) for u, table in tables.items() if any(map(any, table))]
 
+    known: dict[tuple[str, str | None], tuple[list[int], list[tuple[str, str, list[list[int]]]]]] = {}
+
+    def recomputed_once(d: Decision, upto: str | None = None
+                        ) -> tuple[list[int], list[tuple[str, str, list[list[int]]]]]:
+        """`recomputed`, each (decision, op) once: the rows at the backward and at the forward re-run ask alike."""
+        if (d.name, upto) not in known:
+            known[(d.name, upto)] = recomputed(d, upto)
+        return known[(d.name, upto)]
+
     # per block: its decisions in order, each with what its recomputation makes anew
     in_block: dict[str, list[tuple[str, tuple[list[int], list[tuple[str, str, list[list[int]]]]]]]] = {}
     if checkpointing:
         for d in g.decisions.values():
             if d.block is not None and d.block in inside:
-                in_block.setdefault(d.block, []).append((d.name, recomputed(d)))
+                in_block.setdefault(d.block, []).append((d.name, recomputed_once(d)))
 
     groups, roots = held_groups(graph.nodes)
     links = passthrough_candidates(graph.nodes)
 
-    def broken(op: OpNode, least: int) -> tuple[str, list[int]] | tuple[str, str, list[list[int]]]:
-        """`least` bytes where `op`'s passthrough to its last reader breaks (its output reaches the reader
-        converted): a vector over the choices of its decision where the reader is in it, else a matrix over
-        both decisions' choices."""
+    def broken(op: OpNode, least: int | list[int]) -> tuple[str, list[int]] | tuple[str, str, list[list[int]]]:
+        """`least` bytes (or least[c] under choice c of `op`'s decision) where `op`'s passthrough to its last reader
+        breaks (its output reaches the reader converted): a vector over the choices of its decision where the reader
+        is in it, else a matrix over both decisions' choices."""
+        if isinstance(least, int):
+            least = [least] * len(g.decisions[g.decision_of[op.name]].members[0])
         reader, arg = links[op.name]
         du, dr = g.decisions[g.decision_of[op.name]], g.decisions[g.decision_of[reader.name]]
         kr = dr.ops.index(reader.name)
@@ -226,11 +238,41 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
             ins = en.strategies[reader.name][dr.members[kr][cr]].inputs
             holds.append(_arrives(op, reader, ins[arg] if arg < len(ins) else None, en, g)[1])
         if dr is du:
-            return du.name, [0 if holds[c][c] else least for c in range(len(holds))]
-        return du.name, dr.name, [[0 if holds[cr][cu] else least for cr in range(len(holds))]
+            return du.name, [0 if holds[c][c] else least[c] for c in range(len(holds))]
+        return du.name, dr.name, [[0 if holds[cr][cu] else least[cu] for cr in range(len(holds))]
                                   for cu in range(len(holds[0]))]
 
+    tracked = set(tracked_gradients(graph.nodes))
+
+    def alive_at(t: OpNode, waiting: dict[str, list[str]], shared: list[str]
+                 ) -> tuple[list[tuple[str, list[int]]], int, list[tuple[str, str, list[list[int]]]]]:
+        """The gradients alive at trigger `t`'s backward, beside its block's forward re-run, as (terms, floor, pair
+        terms): those waiting there (a group that may be one storage at its least member), and `t`'s own: alone, or
+        where one waiting gradient may share its storage, that one and `t`'s where its passthrough to it breaks."""
+        terms: dict[str, list[int]] = {}
+        floor, pairs = 0, []
+        for group in waiting.values():
+            if len(group) > 1:
+                floor += min(min(per_choice(m, grad)[1]) for m in group)
+            else:
+                add(terms, *per_choice(group[0], grad))
+        if not shared:
+            if t.name in tracked:
+                add(terms, *per_choice(t.name, grad))
+        elif len(shared) == 1:
+            add(terms, *per_choice(shared[0], grad))
+            if t.name in links and t.name in tracked and _apart(t.name, shared, links) == [t.name]:
+                found = broken(t, per_choice(t.name, grad)[1])
+                if len(found) == 2:
+                    add(terms, *found)
+                else:
+                    pairs.append(found)
+        else:
+            floor += min(min(per_choice(m, grad)[1]) for m in shared)
+        return sorted((u, b) for u, b in terms.items() if any(b)), floor, pairs
+
     triggers = recomputation_triggers(graph, en, g) if checkpointing else {}
+    beside_trigger: dict[str, tuple[list[tuple[str, list[int]]], int, list[tuple[str, str, list[list[int]]]]]] = {}
     rows: list[HeldBeside] = []
     seen: set[tuple] = set()
     for op, (waiting, shared) in zip(graph.nodes, groups):
@@ -262,6 +304,8 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                 add(held, *found)
             else:
                 pairs.append(found)
+        if checkpointing and triggers.get(op.block) == op.name:
+            beside_trigger[op.block] = alive_at(op, waiting, shared)
         # at the recomputation: only ops of a block whose trigger is fixed, up to it (the plan counts no recomputed
         # activations beside the ops after it, differentiated before the recomputation)
         block = g.decisions[node].block
@@ -299,7 +343,7 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                 else:
                     row_pairs = [*pairs, joins]
             rest = sorted((u, b) for u, b in terms.items() if u != node)
-            mine, copies = recomputed(g.decisions[node], op.name) if recomputation else ([0] * len(work), [])
+            mine, copies = recomputed_once(g.decisions[node], op.name) if recomputation else ([0] * len(work), [])
             earlier: list[tuple[str, list[int]]] = []
             if recomputation:
                 order = [name for name, _ in in_block[block]]
@@ -314,4 +358,7 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                 if key not in seen:
                     seen.add(key)
                     rows.append(HeldBeside(node, own, rest, floor, recomputation, source, row_pairs, earlier, copies))
-    return rows
+    # the block's forward re-run, at its trigger: beside the gradients alive there (those waiting, and the trigger's
+    # own where no waiting one may share its storage)
+    order = {block: [name for name, _ in decisions] for block, decisions in in_block.items()}
+    return rows + forward_rows(graph, mesh, en, g, saves, triggers, recomputed_once, order, beside_trigger)

@@ -1,0 +1,235 @@
+"""Rows for a checkpointed block's forward re-run, as the plan counts it: bounds from below of its peak.
+
+The plan (`planner.plans.recompute.recomputation_peaks`) charges the re-run to the block's trigger op (its last op
+that saves anything): beside the gradients alive there, over the block's ops in forward order, the activations
+recomputed before the op, the intermediate outputs still to be read and not saved yet, and the op's own (what it
+saves anew, its output, its forward buffers and the converted inputs it reads but does not save), or the forward
+conversion into it beyond its source. The formulas' recompute rows (cumulative saved bytes plus each node's working
+set) see neither the intermediates (hf-gpt2's GELU: the tanh branch's 256 KiB while the product reads it) nor the
+gradients waiting, and count each node's whole working set where the plan counts only the forward's.
+
+`forward_rows` writes one `HeldBeside` row per op of the block (and one per forward conversion into it), each
+counting, per decision's choice (or pair of choices), only what the plan counts under every assignment with those
+choices: an intermediate counts only where its op is never a view and nothing before the row's op may save it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cost_models.layout import Layout
+from cost_models.memory import conversion_working_set
+from cost_models.mesh import Mesh
+from cost_models.ops import OpNode, TensorMeta
+from cost_models.redistribution import plan_redistribution
+from cost_models.strategies.base import tensor_key
+from cost_models.strategy import OpCost, Strategy
+from cost_models.strides import is_identity
+from planner.search.decisions import Decision, Enumerated, Grouped
+from planner.search.held_saved import _MAY_VIEW, _arrives, _head, _is_output, _Saves
+from planner.search.price_nodes import _out_layout
+from planner.search.solve.problem import HeldBeside
+from planner.trace.graph import ModelGraph
+
+__all__ = ["forward_rows"]
+
+# kinds whose output may be a view of their input (`planner.plans.recompute`'s and `planner.plans.storage`'s tests):
+# such an output is no new storage under some layouts, so it never counts as an intermediate here
+_VIEWS = (*_MAY_VIEW, "split", "expand", "complex_view")
+
+Vector = tuple[str, list[int]]
+Pair = tuple[str, str, list[list[int]]]
+Recomputed = Callable[[Decision, str | None], tuple[list[int], list[Pair]]]
+
+
+class _Block:
+    """One block's ops in forward order, with what the rows need of each: who reads an op's output in the block,
+    and which ops may save its storage (directly, through a view, or through an identity op)."""
+
+    def __init__(self, ops: list[str], nodes: dict[str, OpNode], en: Enumerated, saves: _Saves) -> None:
+        self.ops, self.pos = ops, {name: i for i, name in enumerate(ops)}
+        self.last_read: dict[str, int] = {}
+        for name in ops:
+            for src in nodes[name].inputs:
+                if src in self.pos:
+                    self.last_read[src] = max(self.last_read.get(src, -1), self.pos[name])
+        self.savers: dict[str, set[str]] = {}  # op -> the other ops of the block that may save its storage
+        for name in ops:
+            for cost in en.costs.get(name, ()):
+                for t in cost.saved:
+                    for made in {saves.storage(t.key)[1], _head(saves.tensor(t.key)) if _is_output(t.key) else None,
+                                 _head(t.key) if _is_output(t.key) else None} - {None, name}:
+                        self.savers.setdefault(made, set()).add(name)
+
+
+def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, saves: _Saves,
+                 triggers: dict[str, str], recomputed: Recomputed, order: dict[str, list[str]],
+                 gradients: dict[str, tuple[list[Vector], int, list[Pair]]]) -> list[HeldBeside]:
+    """Per block with a fixed trigger (`held.recomputation_triggers`), per op of it: a row of what the plan counts
+    at that op of the block's forward re-run (module docstring). `recomputed(d, upto)`: what decision d's ops (up to
+    op `upto`, all where None) save anew in the re-run, per choice, and the copies they save as pair terms
+    (`held.held_beside`'s); `order`: per block, its decisions in order; `gradients`: per block, the gradients alive
+    at its trigger's backward as (terms, floor, pair terms)."""
+    nodes = {n.name: n for n in graph.nodes}
+    memo: dict[tuple, int] = {}
+    rows: list[HeldBeside] = []
+    arrives: dict[tuple[str, str, int], list[bool]] = {}
+    texts: dict[int, str] = {}
+
+    def text(layout: Layout) -> str:  # a layout's text, once per object (layouts hash by their text: slow)
+        if id(layout) not in texts:
+            texts[id(layout)] = str(layout)
+        return texts[id(layout)]
+
+    def decision(name: str) -> tuple[Decision, int]:
+        d = g.decisions[g.decision_of[name]]
+        return d, d.ops.index(name)
+
+    def strategies(name: str) -> list[Strategy]:
+        d, k = decision(name)
+        return [en.strategies[name][d.members[k][c]] for c in range(len(d.members[0]))]
+
+    def costs(name: str) -> list[OpCost]:
+        d, k = decision(name)
+        return [en.costs[name][d.members[k][c]] for c in range(len(d.members[0]))]
+
+    def out_bytes(name: str) -> list[int]:
+        meta = nodes[name].out
+        return [0 if s.outputs[0] is None else s.outputs[0].local_numel(meta.shape, mesh) * meta.itemsize
+                for s in strategies(name)]
+
+    def saves_own(name: str) -> list[bool]:
+        return [any(_head(t.key) == name and _is_output(t.key) for t in c.saved) for c in costs(name)]
+
+    def new_storage(op: OpNode) -> bool:  # never a view of another op's output, whatever the layouts
+        return (len(op.outputs) == 1 and op.kind not in _VIEWS and not is_identity(op)
+                and op.name in g.decision_of and op.name in en.strategies)
+
+    def conversion_extra(arg_meta: TensorMeta, lu: Layout, lv: Layout) -> int:
+        """What the forward conversion lu -> lv holds beyond its source (the plan's `conv_extra`)."""
+        key = (tuple(arg_meta.shape), arg_meta.itemsize, text(lu), text(lv))
+        if key not in memo:
+            steps = plan_redistribution(tuple(arg_meta.shape), arg_meta.itemsize, lu, lv, mesh)
+            memo[key] = max(0, conversion_working_set(steps, arg_meta.shape, arg_meta.itemsize, mesh)
+                            - lu.local_numel(tuple(arg_meta.shape), mesh) * arg_meta.itemsize) if steps else 0
+        return memo[key]
+
+    def by_pair(u: Decision, k_op: OpNode, arg: int, value: Callable[[bool, Layout | None, OpCost], int]
+                ) -> list[list[int]]:
+        """table[cu][ck]: value(arrives unconverted, the input layout k takes, k's cost) over both decisions' choices."""
+        src = nodes[k_op.inputs[arg]]
+        table = [[0] * len(strategies(k_op.name)) for _ in range(len(u.members[0]))]
+        for ck, (strat, cost) in enumerate(zip(strategies(k_op.name), costs(k_op.name))):
+            lv = strat.inputs[arg] if arg < len(strat.inputs) else None
+            key = (src.name, k_op.name, id(lv))  # (the layouts live in `en` throughout)
+            if key not in arrives:
+                arrives[key] = _arrives(src, k_op, lv, en, g)[1]
+            same = arrives[key]
+            for cu in range(len(table)):
+                table[cu][ck] = value(same[cu], lv, cost)
+        return table
+
+    for b in graph.blocks:
+        t = triggers.get(b.name)
+        if t is None or b.name not in order:
+            continue
+        blk = _Block([n for n in b.nodes if n in nodes], nodes, en, saves)
+        names = order[b.name]
+        grad_terms, floor, grad_pairs = gradients[b.name]
+        for k_name in blk.ops:
+            if k_name not in g.decision_of or k_name not in en.strategies:
+                continue
+            k_op, (dk, kk) = nodes[k_name], decision(k_name)
+            if dk.block != b.name or dk.name not in names:
+                continue
+            p = blk.pos[k_name]
+            before = names[:names.index(dk.name)]  # decisions counted whole (their ops all run before k's)
+            n_k = len(dk.members[0])
+            # the intermediates still alive at k: an op's output not saved by itself, read at or after k, that no op
+            # before k may save (nor a decision counted whole); where k may save it, only where k does not
+            live_own = [0] * n_k
+            live_vec: list[Vector] = []
+            live_pairs: list[Pair] = []
+            for j_name in blk.ops[:p]:
+                j_op = nodes[j_name]
+                if not new_storage(j_op) or blk.last_read.get(j_name, -1) < p:
+                    continue
+                savers = blk.savers.get(j_name, set())
+                if any(blk.pos[i] < p or g.decision_of[i] in before for i in savers if i != k_name):
+                    continue
+                dj, _ = decision(j_name)
+                own_saved, nbytes = saves_own(j_name), out_bytes(j_name)
+                alive = [0 if s else n for s, n in zip(own_saved, nbytes)]
+                if k_name in savers:
+                    args = [a for a, src in enumerate(k_op.inputs) if src == j_name]
+                    direct = {tensor_key(j_name, s.inputs[a]) for s in strategies(k_name) for a in args
+                              if a < len(s.inputs) and s.inputs[a] is not None}
+                    if not args or any((_head(x.key) == j_name or saves.storage(x.key)[1] == j_name)
+                                       and x.key not in direct for c in costs(k_name) for x in c.saved):
+                        continue  # k may save it otherwise than as it receives it: not followed
+
+                    def kept_by_k(same: bool, lv: Layout | None, cost: OpCost, j: str = j_name) -> int:
+                        """Whether k saves j's output as it receives it, unconverted (then k's own saves count it)."""
+                        return int(same and lv is not None and tensor_key(j, lv) in {x.key for x in cost.saved})
+
+                    if dj is dk:  # one decision: j's output reaches k unconverted where k takes its layout
+                        for ck, (strat, cost) in enumerate(zip(strategies(k_name), costs(k_name))):
+                            made = _out_layout(strategies(j_name)[ck], j_op, k_op)
+                            if any(kept_by_k(strat.inputs[a] == made, strat.inputs[a], cost) for a in args):
+                                alive[ck] = 0
+                        live_own = [a + b for a, b in zip(live_own, alive)]
+                        continue
+                    tables = [by_pair(dj, k_op, a, kept_by_k) for a in args]
+                    table = [[0 if any(tb[cj][ck] for tb in tables) else alive[cj] for ck in range(n_k)]
+                             for cj in range(len(alive))]
+                    if any(map(any, table)):
+                        live_pairs.append((dj.name, dk.name, table))
+                elif dj is dk:
+                    live_own = [a + b for a, b in zip(live_own, alive)]
+                elif any(alive):
+                    live_vec.append((dj.name, alive))
+            earlier: list[Vector] = []
+            copies: list[Pair] = []
+            for w in before:
+                nbytes, more = recomputed(g.decisions[w], None)
+                if any(nbytes):
+                    earlier.append((w, nbytes))
+                copies += more
+            # the op's own: what it and its decision's ops before it save anew, its output (a new storage it does
+            # not save), its forward buffers, and the converted inputs it reads but does not save
+            mine, mine_copies = recomputed(dk, k_name)
+            output = out_bytes(k_name) if new_storage(k_op) else [0] * n_k
+            output = [0 if s else n for s, n in zip(saves_own(k_name), output)]
+            extra = [c.fwd_extra_bytes for c in costs(k_name)]
+            unsaved: list[Pair] = []
+            conversions: list[Pair] = []
+            for a, src in enumerate(k_op.inputs):
+                if src not in g.decision_of or g.decision_of[src] == dk.name or k_op.inputs.count(src) > 1:
+                    continue
+                du = g.decisions[g.decision_of[src]]
+                meta = k_op.input_meta[a]
+                table = by_pair(du, k_op, a, lambda same, lv, cost, src=src, meta=meta: 0 if same or lv is None else (
+                    0 if tensor_key(src, lv) in {x.key for x in cost.saved} else lv.local_numel(meta.shape, mesh)
+                    * meta.itemsize))
+                if any(map(any, table)):
+                    unsaved.append((du.name, dk.name, table))
+                made = [_out_layout(s, nodes[src], k_op) for s in strategies(src)]
+                takes = [s.inputs[a] if a < len(s.inputs) else None for s in strategies(k_name)]
+                lus, lvs = list(dict.fromkeys(made)), list(dict.fromkeys(takes))
+                small = {(i, j): 0 if lv is None or lv == lu else conversion_extra(meta, lu, lv)
+                         for i, lu in enumerate(lus) for j, lv in enumerate(lvs)}
+                iu, iv = {lu: i for i, lu in enumerate(lus)}, {lv: j for j, lv in enumerate(lvs)}
+                conv = [[small[(iu[lu], iv[lv])] for lv in takes] for lu in made]
+                if any(map(any, conv)):
+                    conversions.append((du.name, dk.name, conv))
+            base = [x + y + z + w for x, y, z, w in zip(mine, output, extra, live_own)]
+            rows.append(HeldBeside(dk.name, base, grad_terms, floor, True, None, grad_pairs, earlier + live_vec,
+                                   copies + mine_copies + live_pairs + unsaved))
+            if conversions:
+                upto = dk.ops[kk - 1] if kk > 0 else None
+                prior, prior_copies = recomputed(dk, upto) if upto is not None else ([0] * n_k, [])
+                base = [x + w for x, w in zip(prior, live_own)]
+                for conv in conversions:
+                    rows.append(HeldBeside(dk.name, base, grad_terms, floor, True, None, grad_pairs,
+                                           earlier + live_vec, copies + prior_copies + live_pairs + [conv]))
+    return rows
