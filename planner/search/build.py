@@ -36,7 +36,7 @@ from cost_models.optimizer import resolve_optimizer
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.held import held_beside
+from planner.search.held import held_beside, recomputation_triggers
 from planner.search.held_saved import saved_copies, saved_twice, saved_views
 from planner.search.price_nodes import _out_layout, price_choices, producer_keys, saved_before
 from planner.search.schemes import SchemeError, SchemeUnavailable, expand_schemes, restrict_schemes
@@ -414,12 +414,14 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
     # problem's answer counts them (`fixing.prove`)
     small = len(blocks) <= fixing.MAX_BLOCKS
     held = held_beside(graph, mesh, en, g, checkpointing, device) if small else []
+    rerun = sorted(recomputation_triggers(graph, en, g)) if small and checkpointing else []
 
     def problems(nodes: list[ProblemNode], step: list[ProblemNode] | None, copies: list[HeldSaved],
                  less: list[HeldLess]) -> tuple[Problem, Problem | None]:
         return tuple(None if ns is None else Problem(ns, pedges, blocks, int(budget_bytes), checkpointing=checkpointing,
                                                      uniform_groups=UNIFORM_GROUPS, shared_inputs=shared,
-                                                     held_beside=held, held_saved=copies, held_less=less)
+                                                     held_beside=held, held_saved=copies, held_less=less,
+                                                     held_rerun=rerun)
                      for ns in (nodes, step))
 
     # the copies the problem counting a tensor once leaves out (none counting apart: every decision counts its own),

@@ -100,13 +100,21 @@ def held_peak(ip: IndexedProblem, choice: Sequence[int], checkpointed: Iterable[
     """The peak the flat ILP with held rows (`build_flat(held=True)`) counts for an assignment: the formulas' peak
     (`evaluate_indexed`) with the copies saved beyond them (`ip.held_saved`) and without what they may count twice
     (`ip.held_less`; both only for nodes outside checkpointed blocks), its max term with each working set where
-    the block is not checkpointed (`transient_unckpt`: a conversion's less what the op saves) and the largest held
-    row (`held_bytes`) as one more candidate."""
+    the block is not checkpointed (`transient_unckpt`: a conversion's less what the op saves), the recompute rows
+    of the checkpointed blocks whose forward re-run the held rows do not count (`ip.held_rerun`) and the largest
+    held row (`held_bytes`) as one more candidate."""
     ckpt = set(checkpointed)
     _, peak, parts = evaluate_indexed(ip, choice, ckpt)
     copies = sum(int(nbytes[choice[u], choice[v]]) for u, v, nbytes in ip.held_saved if ip.block_of[v] not in ckpt)
     copies -= sum(int(nbytes[choice[v]]) for v, nbytes in ip.held_less if ip.block_of[v] not in ckpt)
-    work = max([int(parts["recomputed_bytes"])] + [int(t[c]) for t, c in zip(ip.transient_unckpt, choice)]
+    # the formulas' recompute rows, where the held rows do not count the block's forward re-run (`Problem.held_rerun`)
+    work = [int(ip.transient[v][c]) for v, c in enumerate(choice)]
+    for e in ip.edges:
+        if e.transient is not None:
+            work[e.dst] = max(work[e.dst], int(e.transient[choice[e.src], choice[e.dst]]))
+    rows = [int(recompute_peak([ip.saved[v][choice[v]] for v in ip.block_nodes[b]], [work[v] for v in ip.block_nodes[b]]))
+            for b in ckpt - ip.held_rerun]
+    work = max([*rows] + [int(t[c]) for t, c in zip(ip.transient_unckpt, choice)]
                + [int(e.unckpt()[choice[e.src], choice[e.dst]]) for e in ip.edges if e.transient is not None])
     return peak - int(parts["transient_bytes"]) + copies + max(work, held_bytes(ip, choice, ckpt))
 

@@ -296,13 +296,15 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
                 return expr, most
 
             lands[blk] = land
-            # the recompute peak: those activations beside each op's working set (problem.py)
-            for v in members:
+            # the recompute peak: those activations beside each op's working set (problem.py); not where the held
+            # rows count the block's forward re-run as the plan does (`Problem.held_rerun`: these can count more)
+            peaks = not (held and blk in ip.held_rerun)
+            for v in members if peaks else []:
                 expr, most = recomputed(v)
                 expr.add(land(v), ip.transient[v].astype(float))
                 b.tops.append((expr, most + float(ip.transient[v].max())))
             for k, e in enumerate(ip.edges):
-                if ip.block_of[e.dst] == blk and e.transient is not None:
+                if peaks and ip.block_of[e.dst] == blk and e.transient is not None:
                     expr, most = recomputed(e.dst)
                     pairs = b.pair_vars(land(e.src), land(e.dst), allowed.get(k))
                     expr.add(pairs.ravel(), e.transient.ravel().astype(float))

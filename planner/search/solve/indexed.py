@@ -333,6 +333,11 @@ class IndexedProblem:
                 raise ProblemError(f"{where} has recomputed bytes but is not at a recomputation")
             self.held.append(HeldRow(v, self._choice_bytes(h.own, v, f"{where} own"), terms, int(h.floor),
                                      bool(h.recomputation), source, pairs, recomputed, recomputed_pairs))
+        unknown = sorted(set(self.problem.held_rerun) - set(self.block_names))
+        if unknown:
+            raise ProblemError(f"held_rerun names unknown blocks {unknown[:5]}; name blocks of problem.blocks")
+        # blocks whose forward re-run the held rows count (`Problem.held_rerun`), by index
+        self.held_rerun = frozenset(self.block_names.index(name) for name in self.problem.held_rerun)
 
     def shared_bytes(self, choice: Sequence[int], checkpointed: Iterable[int]) -> int:
         """The shared inputs kept by the checkpointed blocks `checkpointed` (problem.py's formula)."""

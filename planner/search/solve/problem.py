@@ -189,6 +189,9 @@ class Problem:
     held_beside: list[HeldBeside] = field(default_factory=list)
     held_saved: list[HeldSaved] = field(default_factory=list)
     held_less: list[HeldLess] = field(default_factory=list)
+    # blocks whose forward re-run `held_beside` counts (`planner.search.held_recompute`): with the held rows, the flat
+    # ILP counts those rows there instead of the formulas' recompute rows, which can count more than the plan
+    held_rerun: list[str] = field(default_factory=list)
 
 
 GAP_TOLERANCE = 1e-4  # relative gap at which an answer counts as optimal

@@ -12,15 +12,15 @@ from cost_models.mesh import candidate_meshes
 from planner import get_example
 from planner.plans.assemble import assemble_plan
 from planner.search.build import build_problem
-from planner.search.solve.evaluate import held_bytes
+from planner.search.solve.evaluate import held_bytes, held_peak
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.problem import Solution
 from planner.trace.tracer import capture
 
 
-def _shortfalls(name: str, samples: int, every: bool) -> list[int]:
+def _shortfalls(name: str, samples: int, every: bool, peak: bool = False) -> list[int]:
     """Per random assignment on 2x2x2 (every block checkpointed, or each with probability 0.7): the plan's largest
-    transient less the largest held row."""
+    transient less the largest held row (with `peak`: the plan's bound less the held ILP's peak, `held_peak`)."""
     from zoo import ZOO, build
 
     ex = build(name) if name in ZOO else get_example(name)
@@ -36,7 +36,10 @@ def _shortfalls(name: str, samples: int, every: bool) -> list[int]:
         sol = Solution(status="feasible", choice=dict(zip(ip.names, choice)), checkpointed=[ip.block_names[b] for b in ckpt])
         plan = assemble_plan(graph, built, sol, hw, budget_bytes=10**12, device=hw.device, bytes_per_param=16,
                              checkpointing=True, schemes=None)
-        out.append(plan.predicted.transient_bytes - held_bytes(ip, choice, ckpt))
+        if peak:
+            out.append(plan.predicted.bound_bytes - held_peak(ip, choice, ckpt))
+        else:
+            out.append(plan.predicted.transient_bytes - held_bytes(ip, choice, ckpt))
     return out
 
 
@@ -55,3 +58,13 @@ def test_the_forward_rerun_rows_count_the_intermediates_the_plan_counts(name: st
     beside the gradients alive at the trigger, the MLP dropout's own where it reaches the residual add converted)."""
     short = _shortfalls(name, 16, every=True)
     assert min(short) >= 0 and sum(short) <= most
+
+
+@pytest.mark.parametrize(("name", "every"), [("gpt-tiny", True), ("hf-vit", False), ("hf-vit", True), ("hf-opt", True),
+                                             ("torch-transformer-encoder", False)])
+def test_the_held_ilps_peak_never_exceeds_the_plans_bound(name: str, every: bool) -> None:
+    """Random assignments: the peak the held ILP counts is a lower bound of the plan's, so its bounds hold. Where the
+    held rows count a block's forward re-run, the ILP leaves the formulas' recompute rows out there
+    (`Problem.held_rerun`): they counted each op's whole working set where the plan's re-run holds the forward's,
+    up to 12 KiB above the plan's bound on gpt-tiny and 35 KiB on HF ViT (8 of 16 of its assignments)."""
+    assert min(_shortfalls(name, 16, every=every, peak=True)) >= 0
