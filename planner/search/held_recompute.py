@@ -62,6 +62,146 @@ class _Block:
                         self.savers.setdefault(made, set()).add(name)
 
 
+class _Choices:
+    """Per op, what each choice of its decision makes of it: strategies, costs, output bytes, whether it saves its own
+    output; per argument read from another decision, tables over both decisions' choices."""
+
+    def __init__(self, graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, saves: _Saves) -> None:
+        self.nodes = {n.name: n for n in graph.nodes}
+        self.mesh, self.en, self.g, self.saves = mesh, en, g, saves
+        self.arrives: dict[tuple[str, str, int], list[bool]] = {}
+        self.memo: dict[tuple, int] = {}
+        self.texts: dict[int, str] = {}
+
+    def decision(self, name: str) -> tuple[Decision, int]:
+        d = self.g.decisions[self.g.decision_of[name]]
+        return d, d.ops.index(name)
+
+    def strategies(self, name: str) -> list[Strategy]:
+        d, k = self.decision(name)
+        return [self.en.strategies[name][d.members[k][c]] for c in range(len(d.members[0]))]
+
+    def costs(self, name: str) -> list[OpCost]:
+        d, k = self.decision(name)
+        return [self.en.costs[name][d.members[k][c]] for c in range(len(d.members[0]))]
+
+    def out_bytes(self, name: str) -> list[int]:
+        meta = self.nodes[name].out
+        return [0 if s.outputs[0] is None else s.outputs[0].local_numel(meta.shape, self.mesh) * meta.itemsize
+                for s in self.strategies(name)]
+
+    def saves_own(self, name: str) -> list[bool]:
+        return [any(_head(t.key) == name and _is_output(t.key) for t in c.saved) for c in self.costs(name)]
+
+    def new_storage(self, op: OpNode) -> bool:
+        """Whether `op`'s output is never a view of another op's output, whatever the layouts."""
+        return (len(op.outputs) == 1 and op.kind not in _VIEWS and not is_identity(op)
+                and op.name in self.g.decision_of and op.name in self.en.strategies)
+
+    def by_pair(self, u: Decision, k_op: OpNode, arg: int, value: Callable[[bool, Layout | None, OpCost], int]
+                ) -> list[list[int]]:
+        """table[cu][ck]: value(arrives unconverted, the input layout k takes, k's cost) over both decisions' choices."""
+        src = self.nodes[k_op.inputs[arg]]
+        table = [[0] * len(self.strategies(k_op.name)) for _ in range(len(u.members[0]))]
+        for ck, (strat, cost) in enumerate(zip(self.strategies(k_op.name), self.costs(k_op.name))):
+            lv = strat.inputs[arg] if arg < len(strat.inputs) else None
+            key = (src.name, k_op.name, id(lv))  # (the layouts live in `en` throughout)
+            if key not in self.arrives:
+                self.arrives[key] = _arrives(src, k_op, lv, self.en, self.g)[1]
+            for cu, same in enumerate(self.arrives[key]):
+                table[cu][ck] = value(same, lv, cost)
+        return table
+
+    def _text(self, layout: Layout) -> str:  # a layout's text, once per object (layouts hash by their text: slow)
+        if id(layout) not in self.texts:
+            self.texts[id(layout)] = str(layout)
+        return self.texts[id(layout)]
+
+    def _extra(self, meta: TensorMeta, lu: Layout, lv: Layout) -> int:
+        """What the forward conversion lu -> lv holds beyond its source (the plan's `conv_extra`)."""
+        key = (tuple(meta.shape), meta.itemsize, self._text(lu), self._text(lv))
+        if key not in self.memo:
+            shape = tuple(meta.shape)
+            steps = plan_redistribution(shape, meta.itemsize, lu, lv, self.mesh)
+            self.memo[key] = max(0, conversion_working_set(steps, shape, meta.itemsize, self.mesh)
+                                 - lu.local_numel(shape, self.mesh) * meta.itemsize) if steps else 0
+        return self.memo[key]
+
+    def conversion(self, k_op: OpNode, arg: int, du: Decision, dk: Decision) -> Pair | None:
+        """The forward conversion into argument `arg` of `k_op` beyond its source, over (du's choice, dk's choice)."""
+        src, meta = k_op.inputs[arg], k_op.input_meta[arg]
+        made = [_out_layout(s, self.nodes[src], k_op) for s in self.strategies(src)]
+        takes = [s.inputs[arg] if arg < len(s.inputs) else None for s in self.strategies(k_op.name)]
+        lus, lvs = list(dict.fromkeys(made)), list(dict.fromkeys(takes))
+        small = {(i, j): 0 if lv is None or lv == lu else self._extra(meta, lu, lv)
+                 for i, lu in enumerate(lus) for j, lv in enumerate(lvs)}
+        iu, iv = {lu: i for i, lu in enumerate(lus)}, {lv: j for j, lv in enumerate(lvs)}
+        conv = [[small[(iu[lu], iv[lv])] for lv in takes] for lu in made]
+        return (du.name, dk.name, conv) if any(map(any, conv)) else None
+
+    def unsaved(self, k_op: OpNode, arg: int, du: Decision, dk: Decision) -> Pair | None:
+        """The converted copy of argument `arg` that `k_op` reads and does not save, over (du's choice, dk's choice)."""
+        src, meta = k_op.inputs[arg], k_op.input_meta[arg]
+
+        def copy_bytes(same: bool, lv: Layout | None, cost: OpCost) -> int:
+            if same or lv is None or tensor_key(src, lv) in {x.key for x in cost.saved}:
+                return 0
+            return lv.local_numel(meta.shape, self.mesh) * meta.itemsize
+
+        table = self.by_pair(du, k_op, arg, copy_bytes)
+        return (du.name, dk.name, table) if any(map(any, table)) else None
+
+
+def _intermediates(ch: _Choices, blk: _Block, k_name: str, before: list[str]
+                   ) -> tuple[list[int], list[Vector], list[Pair]]:
+    """The intermediates still alive at op `k_name` of the re-run: an op's output not saved by itself, read at or after
+    k, that no op before k may save (nor a decision counted whole, `before`); where k may save it, only where k does not
+    (a pair term on whether it receives it unconverted). As (bytes on k's decision's choices, vectors, pair terms)."""
+    k_op, (dk, _) = ch.nodes[k_name], ch.decision(k_name)
+    p = blk.pos[k_name]
+    live_own = [0] * len(dk.members[0])
+    live_vec: list[Vector] = []
+    live_pairs: list[Pair] = []
+    for j_name in blk.ops[:p]:
+        j_op = ch.nodes[j_name]
+        if not ch.new_storage(j_op) or blk.last_read.get(j_name, -1) < p:
+            continue
+        savers = blk.savers.get(j_name, set())
+        if any(blk.pos[i] < p or ch.g.decision_of[i] in before for i in savers if i != k_name):
+            continue
+        dj, _ = ch.decision(j_name)
+        alive = [0 if s else n for s, n in zip(ch.saves_own(j_name), ch.out_bytes(j_name))]
+        if k_name in savers:
+            args = [a for a, src in enumerate(k_op.inputs) if src == j_name]
+            direct = {tensor_key(j_name, s.inputs[a]) for s in ch.strategies(k_name) for a in args
+                      if a < len(s.inputs) and s.inputs[a] is not None}
+            if not args or any((_head(x.key) == j_name or ch.saves.storage(x.key)[1] == j_name) and x.key not in direct
+                               for c in ch.costs(k_name) for x in c.saved):
+                continue  # k may save it otherwise than as it receives it: not followed
+
+            def kept_by_k(same: bool, lv: Layout | None, cost: OpCost, j: str = j_name) -> int:
+                """Whether k saves j's output as it receives it, unconverted (then k's own saves count it)."""
+                return int(same and lv is not None and tensor_key(j, lv) in {x.key for x in cost.saved})
+
+            if dj is dk:  # one decision: j's output reaches k unconverted where k takes its layout
+                for ck, (strat, cost) in enumerate(zip(ch.strategies(k_name), ch.costs(k_name))):
+                    made = _out_layout(ch.strategies(j_name)[ck], j_op, k_op)
+                    if any(kept_by_k(strat.inputs[a] == made, strat.inputs[a], cost) for a in args):
+                        alive[ck] = 0
+                live_own = [a + b for a, b in zip(live_own, alive)]
+                continue
+            tables = [ch.by_pair(dj, k_op, a, kept_by_k) for a in args]
+            table = [[0 if any(tb[cj][ck] for tb in tables) else alive[cj] for ck in range(len(live_own))]
+                     for cj in range(len(alive))]
+            if any(map(any, table)):
+                live_pairs.append((dj.name, dk.name, table))
+        elif dj is dk:
+            live_own = [a + b for a, b in zip(live_own, alive)]
+        elif any(alive):
+            live_vec.append((dj.name, alive))
+    return live_own, live_vec, live_pairs
+
+
 def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, saves: _Saves,
                  triggers: dict[str, str], recomputed: Recomputed, order: dict[str, list[str]],
                  gradients: dict[str, tuple[list[Vector], int, list[Pair]]]) -> list[HeldBeside]:
@@ -70,124 +210,23 @@ def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, save
     op `upto`, all where None) save anew in the re-run, per choice, and the copies they save as pair terms
     (`held.held_beside`'s); `order`: per block, its decisions in order; `gradients`: per block, the gradients alive
     at its trigger's backward as (terms, floor, pair terms)."""
-    nodes = {n.name: n for n in graph.nodes}
-    memo: dict[tuple, int] = {}
+    ch = _Choices(graph, mesh, en, g, saves)
     rows: list[HeldBeside] = []
-    arrives: dict[tuple[str, str, int], list[bool]] = {}
-    texts: dict[int, str] = {}
-
-    def text(layout: Layout) -> str:  # a layout's text, once per object (layouts hash by their text: slow)
-        if id(layout) not in texts:
-            texts[id(layout)] = str(layout)
-        return texts[id(layout)]
-
-    def decision(name: str) -> tuple[Decision, int]:
-        d = g.decisions[g.decision_of[name]]
-        return d, d.ops.index(name)
-
-    def strategies(name: str) -> list[Strategy]:
-        d, k = decision(name)
-        return [en.strategies[name][d.members[k][c]] for c in range(len(d.members[0]))]
-
-    def costs(name: str) -> list[OpCost]:
-        d, k = decision(name)
-        return [en.costs[name][d.members[k][c]] for c in range(len(d.members[0]))]
-
-    def out_bytes(name: str) -> list[int]:
-        meta = nodes[name].out
-        return [0 if s.outputs[0] is None else s.outputs[0].local_numel(meta.shape, mesh) * meta.itemsize
-                for s in strategies(name)]
-
-    def saves_own(name: str) -> list[bool]:
-        return [any(_head(t.key) == name and _is_output(t.key) for t in c.saved) for c in costs(name)]
-
-    def new_storage(op: OpNode) -> bool:  # never a view of another op's output, whatever the layouts
-        return (len(op.outputs) == 1 and op.kind not in _VIEWS and not is_identity(op)
-                and op.name in g.decision_of and op.name in en.strategies)
-
-    def conversion_extra(arg_meta: TensorMeta, lu: Layout, lv: Layout) -> int:
-        """What the forward conversion lu -> lv holds beyond its source (the plan's `conv_extra`)."""
-        key = (tuple(arg_meta.shape), arg_meta.itemsize, text(lu), text(lv))
-        if key not in memo:
-            steps = plan_redistribution(tuple(arg_meta.shape), arg_meta.itemsize, lu, lv, mesh)
-            memo[key] = max(0, conversion_working_set(steps, arg_meta.shape, arg_meta.itemsize, mesh)
-                            - lu.local_numel(tuple(arg_meta.shape), mesh) * arg_meta.itemsize) if steps else 0
-        return memo[key]
-
-    def by_pair(u: Decision, k_op: OpNode, arg: int, value: Callable[[bool, Layout | None, OpCost], int]
-                ) -> list[list[int]]:
-        """table[cu][ck]: value(arrives unconverted, the input layout k takes, k's cost) over both decisions' choices."""
-        src = nodes[k_op.inputs[arg]]
-        table = [[0] * len(strategies(k_op.name)) for _ in range(len(u.members[0]))]
-        for ck, (strat, cost) in enumerate(zip(strategies(k_op.name), costs(k_op.name))):
-            lv = strat.inputs[arg] if arg < len(strat.inputs) else None
-            key = (src.name, k_op.name, id(lv))  # (the layouts live in `en` throughout)
-            if key not in arrives:
-                arrives[key] = _arrives(src, k_op, lv, en, g)[1]
-            same = arrives[key]
-            for cu in range(len(table)):
-                table[cu][ck] = value(same[cu], lv, cost)
-        return table
-
     for b in graph.blocks:
-        t = triggers.get(b.name)
-        if t is None or b.name not in order:
+        if triggers.get(b.name) is None or b.name not in order:
             continue
-        blk = _Block([n for n in b.nodes if n in nodes], nodes, en, saves)
+        blk = _Block([n for n in b.nodes if n in ch.nodes], ch.nodes, en, saves)
         names = order[b.name]
         grad_terms, floor, grad_pairs = gradients[b.name]
         for k_name in blk.ops:
             if k_name not in g.decision_of or k_name not in en.strategies:
                 continue
-            k_op, (dk, kk) = nodes[k_name], decision(k_name)
+            k_op, (dk, kk) = ch.nodes[k_name], ch.decision(k_name)
             if dk.block != b.name or dk.name not in names:
                 continue
-            p = blk.pos[k_name]
             before = names[:names.index(dk.name)]  # decisions counted whole (their ops all run before k's)
             n_k = len(dk.members[0])
-            # the intermediates still alive at k: an op's output not saved by itself, read at or after k, that no op
-            # before k may save (nor a decision counted whole); where k may save it, only where k does not
-            live_own = [0] * n_k
-            live_vec: list[Vector] = []
-            live_pairs: list[Pair] = []
-            for j_name in blk.ops[:p]:
-                j_op = nodes[j_name]
-                if not new_storage(j_op) or blk.last_read.get(j_name, -1) < p:
-                    continue
-                savers = blk.savers.get(j_name, set())
-                if any(blk.pos[i] < p or g.decision_of[i] in before for i in savers if i != k_name):
-                    continue
-                dj, _ = decision(j_name)
-                own_saved, nbytes = saves_own(j_name), out_bytes(j_name)
-                alive = [0 if s else n for s, n in zip(own_saved, nbytes)]
-                if k_name in savers:
-                    args = [a for a, src in enumerate(k_op.inputs) if src == j_name]
-                    direct = {tensor_key(j_name, s.inputs[a]) for s in strategies(k_name) for a in args
-                              if a < len(s.inputs) and s.inputs[a] is not None}
-                    if not args or any((_head(x.key) == j_name or saves.storage(x.key)[1] == j_name)
-                                       and x.key not in direct for c in costs(k_name) for x in c.saved):
-                        continue  # k may save it otherwise than as it receives it: not followed
-
-                    def kept_by_k(same: bool, lv: Layout | None, cost: OpCost, j: str = j_name) -> int:
-                        """Whether k saves j's output as it receives it, unconverted (then k's own saves count it)."""
-                        return int(same and lv is not None and tensor_key(j, lv) in {x.key for x in cost.saved})
-
-                    if dj is dk:  # one decision: j's output reaches k unconverted where k takes its layout
-                        for ck, (strat, cost) in enumerate(zip(strategies(k_name), costs(k_name))):
-                            made = _out_layout(strategies(j_name)[ck], j_op, k_op)
-                            if any(kept_by_k(strat.inputs[a] == made, strat.inputs[a], cost) for a in args):
-                                alive[ck] = 0
-                        live_own = [a + b for a, b in zip(live_own, alive)]
-                        continue
-                    tables = [by_pair(dj, k_op, a, kept_by_k) for a in args]
-                    table = [[0 if any(tb[cj][ck] for tb in tables) else alive[cj] for ck in range(n_k)]
-                             for cj in range(len(alive))]
-                    if any(map(any, table)):
-                        live_pairs.append((dj.name, dk.name, table))
-                elif dj is dk:
-                    live_own = [a + b for a, b in zip(live_own, alive)]
-                elif any(alive):
-                    live_vec.append((dj.name, alive))
+            live_own, live_vec, live_pairs = _intermediates(ch, blk, k_name, before)
             earlier: list[Vector] = []
             copies: list[Pair] = []
             for w in before:
@@ -198,34 +237,21 @@ def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, save
             # the op's own: what it and its decision's ops before it save anew, its output (a new storage it does
             # not save), its forward buffers, and the converted inputs it reads but does not save
             mine, mine_copies = recomputed(dk, k_name)
-            output = out_bytes(k_name) if new_storage(k_op) else [0] * n_k
-            output = [0 if s else n for s, n in zip(saves_own(k_name), output)]
-            extra = [c.fwd_extra_bytes for c in costs(k_name)]
+            output = ch.out_bytes(k_name) if ch.new_storage(k_op) else [0] * n_k
+            output = [0 if s else n for s, n in zip(ch.saves_own(k_name), output)]
+            extra = [c.fwd_extra_bytes for c in ch.costs(k_name)]
             unsaved: list[Pair] = []
             conversions: list[Pair] = []
             for a, src in enumerate(k_op.inputs):
                 if src not in g.decision_of or g.decision_of[src] == dk.name or k_op.inputs.count(src) > 1:
                     continue
                 du = g.decisions[g.decision_of[src]]
-                meta = k_op.input_meta[a]
-                table = by_pair(du, k_op, a, lambda same, lv, cost, src=src, meta=meta: 0 if same or lv is None else (
-                    0 if tensor_key(src, lv) in {x.key for x in cost.saved} else lv.local_numel(meta.shape, mesh)
-                    * meta.itemsize))
-                if any(map(any, table)):
-                    unsaved.append((du.name, dk.name, table))
-                made = [_out_layout(s, nodes[src], k_op) for s in strategies(src)]
-                takes = [s.inputs[a] if a < len(s.inputs) else None for s in strategies(k_name)]
-                lus, lvs = list(dict.fromkeys(made)), list(dict.fromkeys(takes))
-                small = {(i, j): 0 if lv is None or lv == lu else conversion_extra(meta, lu, lv)
-                         for i, lu in enumerate(lus) for j, lv in enumerate(lvs)}
-                iu, iv = {lu: i for i, lu in enumerate(lus)}, {lv: j for j, lv in enumerate(lvs)}
-                conv = [[small[(iu[lu], iv[lv])] for lv in takes] for lu in made]
-                if any(map(any, conv)):
-                    conversions.append((du.name, dk.name, conv))
+                unsaved += [x for x in [ch.unsaved(k_op, a, du, dk)] if x is not None]
+                conversions += [x for x in [ch.conversion(k_op, a, du, dk)] if x is not None]
             base = [x + y + z + w for x, y, z, w in zip(mine, output, extra, live_own)]
             rows.append(HeldBeside(dk.name, base, grad_terms, floor, True, None, grad_pairs, earlier + live_vec,
                                    copies + mine_copies + live_pairs + unsaved))
-            if conversions:
+            if conversions:  # the forward conversion into k, beside what was recomputed before it
                 upto = dk.ops[kk - 1] if kk > 0 else None
                 prior, prior_copies = recomputed(dk, upto) if upto is not None else ([0] * n_k, [])
                 base = [x + w for x, w in zip(prior, live_own)]
