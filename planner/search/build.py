@@ -36,7 +36,7 @@ from cost_models.optimizer import resolve_optimizer
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.held import held_beside, recomputation_triggers
+from planner.search.held import held_beside
 from planner.search.held_saved import saved_copies, saved_twice, saved_views
 from planner.search.price_nodes import _out_layout, price_choices, producer_keys, saved_before
 from planner.search.schemes import SchemeError, SchemeUnavailable, expand_schemes, restrict_schemes
@@ -413,8 +413,7 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
     # the gradients held beside each op and the copies saved beyond the formulas: only the proof of a small
     # problem's answer counts them (`fixing.prove`)
     small = len(blocks) <= fixing.MAX_BLOCKS
-    held = held_beside(graph, mesh, en, g, checkpointing, device) if small else []
-    rerun = sorted(recomputation_triggers(graph, en, g)) if small and checkpointing else []
+    held, rerun = held_beside(graph, mesh, en, g, checkpointing, device) if small else ([], [])
 
     def problems(nodes: list[ProblemNode], step: list[ProblemNode] | None, copies: list[HeldSaved],
                  less: list[HeldLess]) -> tuple[Problem, Problem | None]:

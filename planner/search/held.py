@@ -119,14 +119,15 @@ def recomputation_triggers(graph: ModelGraph, en: Enumerated, g: Grouped) -> dic
 
 
 def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, checkpointing: bool,
-                device: str = "cuda") -> list[HeldBeside]:
+                device: str = "cuda") -> tuple[list[HeldBeside], list[str]]:
     """One row per op where gradients wait beside its working set (see the module docstring), and for an op
     of a block, where `checkpointing`, the same row at its block's recomputation (the recomputed activations
     beside it when the block is checkpointed: those of the decisions before its own, and its own decision's
     ops' up to it, at least what the plan counts: see `recomputed` below; `device`: the device kind, whose
     strides decide which reshapes view), for the ops up to the block's trigger op (`recomputation_triggers`;
     none where the choices could move it), with that op's output gradient, which waits through the
-    recomputation."""
+    recomputation; and the rows of each such block's forward re-run (`held_recompute.forward_rows`). Returns the rows
+    and the blocks whose re-run they count (`Problem.held_rerun`)."""
     nodes = {n.name: n for n in graph.nodes}
     index = {n.name: i for i, n in enumerate(graph.nodes)}
 
@@ -361,4 +362,5 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
     # the block's forward re-run, at its trigger: beside the gradients alive there (those waiting, and the trigger's
     # own where no waiting one may share its storage)
     order = {block: [name for name, _ in decisions] for block, decisions in in_block.items()}
-    return rows + forward_rows(graph, mesh, en, g, saves, triggers, recomputed_once, order, beside_trigger)
+    rerun, covered = forward_rows(graph, mesh, en, g, saves, triggers, recomputed_once, order, beside_trigger)
+    return rows + rerun, covered

@@ -204,17 +204,19 @@ def _intermediates(ch: _Choices, blk: _Block, k_name: str, before: list[str]
 
 def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, saves: _Saves,
                  triggers: dict[str, str], recomputed: Recomputed, order: dict[str, list[str]],
-                 gradients: dict[str, tuple[list[Vector], int, list[Pair]]]) -> list[HeldBeside]:
+                 gradients: dict[str, tuple[list[Vector], int, list[Pair]]]) -> tuple[list[HeldBeside], list[str]]:
     """Per block with a fixed trigger (`held.recomputation_triggers`), per op of it: a row of what the plan counts
-    at that op of the block's forward re-run (module docstring). `recomputed(d, upto)`: what decision d's ops (up to
+    at that op of the block's forward re-run (module docstring); and the blocks it wrote rows for. `recomputed(d, upto)`: what decision d's ops (up to
     op `upto`, all where None) save anew in the re-run, per choice, and the copies they save as pair terms
     (`held.held_beside`'s); `order`: per block, its decisions in order; `gradients`: per block, the gradients alive
     at its trigger's backward as (terms, floor, pair terms)."""
     ch = _Choices(graph, mesh, en, g, saves)
     rows: list[HeldBeside] = []
+    covered: list[str] = []
     for b in graph.blocks:
         if triggers.get(b.name) is None or b.name not in order:
             continue
+        covered.append(b.name)
         blk = _Block([n for n in b.nodes if n in ch.nodes], ch.nodes, en, saves)
         names = order[b.name]
         grad_terms, floor, grad_pairs = gradients[b.name]
@@ -258,4 +260,4 @@ def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, save
                 for conv in conversions:
                     rows.append(HeldBeside(dk.name, base, grad_terms, floor, True, None, grad_pairs,
                                            earlier + live_vec, copies + prior_copies + live_pairs + [conv]))
-    return rows
+    return rows, covered
