@@ -245,18 +245,24 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
 
     tracked = set(tracked_gradients(graph.nodes))
 
+    def count_waiting(waiting: dict[str, list[str]], into: dict[str, list[int]]) -> int:
+        """The gradients waiting at an op added to `into` by their producers' decisions; returns the floor of those
+        groups that may be one storage or several, as the layouts choose (at least the least of them)."""
+        floor = 0
+        for group in waiting.values():
+            if len(group) > 1:
+                floor += min(min(per_choice(m, grad)[1]) for m in group)
+            else:
+                add(into, *per_choice(group[0], grad))
+        return floor
+
     def alive_at(t: OpNode, waiting: dict[str, list[str]], shared: list[str]
                  ) -> tuple[list[tuple[str, list[int]]], int, list[tuple[str, str, list[list[int]]]]]:
         """The gradients alive at trigger `t`'s backward, beside its block's forward re-run, as (terms, floor, pair
         terms): those waiting there (a group that may be one storage at its least member), and `t`'s own: alone, or
         where one waiting gradient may share its storage, that one and `t`'s where its passthrough to it breaks."""
         terms: dict[str, list[int]] = {}
-        floor, pairs = 0, []
-        for group in waiting.values():
-            if len(group) > 1:
-                floor += min(min(per_choice(m, grad)[1]) for m in group)
-            else:
-                add(terms, *per_choice(group[0], grad))
+        floor, pairs = count_waiting(waiting, terms), []
         if not shared:
             if t.name in tracked:
                 add(terms, *per_choice(t.name, grad))
@@ -280,12 +286,7 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         node = g.decision_of[op.name]
         work = per_choice(op.name, lambda name, k: en.costs[name][k].transient_bytes)[1]
         held: dict[str, list[int]] = {node: [0] * len(work)}  # the gradients waiting, by their producers' decisions
-        floor = 0
-        for group in waiting.values():
-            if len(group) > 1:  # one storage or several, as the layouts choose: at least the least of them
-                floor += min(min(per_choice(m, grad)[1]) for m in group)
-            else:
-                add(held, *per_choice(group[0], grad))
+        floor = count_waiting(waiting, held)
         # the gradients sharing the op's output's storage where it hands its gradient on: apart where a passthrough on
         # its way to theirs breaks (one tensor: its bytes, less its most where they share, which no row needs: exact
         # at every assignment; several: the least of theirs). gpt-tiny's MLP projection: the residual stream's
