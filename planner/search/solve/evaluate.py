@@ -24,6 +24,24 @@ def recompute_peak(saved: Sequence | np.ndarray, work: Sequence | np.ndarray) ->
     return np.max(np.cumsum(saved, axis=0) + work, axis=0)
 
 
+def _working_sets(ip: IndexedProblem, choice: Sequence[int]) -> tuple[list[int], int]:
+    """Per node its working set or the largest conversion's into it, and the largest conversion's anywhere."""
+    work = [int(ip.transient[v][c]) for v, c in enumerate(choice)]
+    conversion = 0
+    for e in ip.edges:
+        if e.transient is not None:
+            w = int(e.transient[choice[e.src], choice[e.dst]])
+            conversion = max(conversion, w)
+            work[e.dst] = max(work[e.dst], w)
+    return work, conversion
+
+
+def _block_peak(ip: IndexedProblem, choice: Sequence[int], work: Sequence[int], b: int) -> int:
+    """Block b's recompute peak (`recompute_peak`) under an assignment, with the nodes' working sets `work`."""
+    members = ip.block_nodes[b]
+    return int(recompute_peak([ip.saved[v][choice[v]] for v in members], [work[v] for v in members]))
+
+
 def evaluate_indexed(
     ip: IndexedProblem, choice: Sequence[int], checkpointed: Iterable[int]
 ) -> tuple[float, int, dict[str, float]]:
@@ -38,19 +56,11 @@ def evaluate_indexed(
     saved = sum(int(ip.saved[v][c]) for v, c in enumerate(choice) if not in_ckpt[v]) + ip.edge_saved(choice)
     kept = 0
     recomputed = 0
-    work = [int(ip.transient[v][c]) for v, c in enumerate(choice)]  # per node: its or a conversion's into it
-    conversion = 0
-    for e in ip.edges:
-        if e.transient is not None:
-            w = int(e.transient[choice[e.src], choice[e.dst]])
-            conversion = max(conversion, w)
-            work[e.dst] = max(work[e.dst], w)
+    work, conversion = _working_sets(ip, choice)
     for b in ckpt:
         src = ip.block_input[b]
         kept += int(ip.input_bytes[b][0 if src is None else choice[src]])
-        members = ip.block_nodes[b]
-        recomputed = max(recomputed, int(recompute_peak([ip.saved[v][choice[v]] for v in members],
-                                                        [work[v] for v in members])))
+        recomputed = max(recomputed, _block_peak(ip, choice, work, b))
     kept += ip.shared_bytes(choice, ckpt)
     max_transient = max((int(ip.transient[v][c]) for v, c in enumerate(choice)), default=0)
     transient = max(max_transient, conversion, recomputed)
@@ -108,13 +118,9 @@ def held_peak(ip: IndexedProblem, choice: Sequence[int], checkpointed: Iterable[
     copies = sum(int(nbytes[choice[u], choice[v]]) for u, v, nbytes in ip.held_saved if ip.block_of[v] not in ckpt)
     copies -= sum(int(nbytes[choice[v]]) for v, nbytes in ip.held_less if ip.block_of[v] not in ckpt)
     # the formulas' recompute rows, where the held rows do not count the block's forward re-run (`Problem.held_rerun`)
-    work = [int(ip.transient[v][c]) for v, c in enumerate(choice)]
-    for e in ip.edges:
-        if e.transient is not None:
-            work[e.dst] = max(work[e.dst], int(e.transient[choice[e.src], choice[e.dst]]))
-    rows = [int(recompute_peak([ip.saved[v][choice[v]] for v in ip.block_nodes[b]], [work[v] for v in ip.block_nodes[b]]))
-            for b in ckpt - ip.held_rerun]
-    work = max([*rows] + [int(t[c]) for t, c in zip(ip.transient_unckpt, choice)]
+    sets = _working_sets(ip, choice)[0]
+    work = max([_block_peak(ip, choice, sets, b) for b in ckpt - ip.held_rerun]
+               + [int(t[c]) for t, c in zip(ip.transient_unckpt, choice)]
                + [int(e.unckpt()[choice[e.src], choice[e.dst]]) for e in ip.edges if e.transient is not None])
     return peak - int(parts["transient_bytes"]) + copies + max(work, held_bytes(ip, choice, ckpt))
 
