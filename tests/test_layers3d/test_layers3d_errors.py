@@ -146,6 +146,9 @@ def test_a_taken_port_is_retried_with_another(monkeypatch: pytest.MonkeyPatch) -
             return used[-1]
 
         monkeypatch.setattr(harness, "_free_port", ports)
+        # the taken port spends one attempt by design: the others keep the harness's usual number for gloo's own
+        # loopback failures under load (a clean-clone CI run lost both of its two left to "Connection closed by peer")
+        monkeypatch.setattr(harness, "_ATTEMPTS", harness._ATTEMPTS + 1)
         assert run_ranks(lambda rank: rank, 8, 30) == list(range(8))
     assert used[0] == taken and len(used) >= 2  # the rendezvous on the taken port failed, a later one worked
 
