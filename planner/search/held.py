@@ -79,6 +79,27 @@ def _any_broken(terms: list[tuple[str, list[int]] | tuple[str, str, list[list[in
     return a, b, [[max(value(t, {a: i, b: j}) for t in terms) for j in range(sizes[b])] for i in range(sizes[a])]
 
 
+def _only_where_broken(found: tuple[str, list[int]] | tuple[str, str, list[list[int]]], u: str, nbytes: list[int]
+                       ) -> tuple:
+    """A waiting gradient of nbytes[c] under choice c of decision `u`, counted only where `found` (a passthrough
+    term, nonzero where it breaks) is nonzero: a term over u's choices, or a pair term, where `found` is set by at
+    most one decision other than `u`; else an apart term (`HeldBeside.apart`: u and the pair `found` is set by).
+    Not its bytes, plus its most where the passthrough breaks, less that most: linear, but below zero where they
+    share and its choice is not its largest (gpt-tiny's MLP projection, 2 KiB less 32 KiB: a row below the op's own
+    working set, which let the held ILP's bound fall 52 % short of an answer's time)."""
+    if len(found) == 2:
+        a, vec = found
+        if a == u:
+            return u, [b if x else 0 for b, x in zip(nbytes, vec)]
+        return u, a, [[b if x else 0 for x in vec] for b in nbytes]
+    a, b, mat = found
+    if u in (a, b):
+        first = a == u
+        return a, b, [[(nbytes[i] if first else nbytes[j]) if x else 0 for j, x in enumerate(row)]
+                      for i, row in enumerate(mat)]
+    return u, nbytes, a, b, [[x != 0 for x in row] for row in mat]
+
+
 def recomputation_triggers(graph: ModelGraph, en: Enumerated, g: Grouped) -> dict[str, str]:
     """Block -> the op at whose backward the block, when checkpointed, re-runs its forward, whatever the
     choices: its last op that saves anything (`planner.plans.recompute`), where that op saves a storage no
@@ -293,19 +314,22 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         # gradient waits beside it apart from its output's where the dropout after it hands its gradient to the
         # residual add converted, 32 KiB the op's own passthrough alone does not see.
         pairs: list[tuple[str, str, list[list[int]]]] = []
+        apart: list[tuple[str, list[int], str, str, list[list[bool]]]] = []
         if shared and op.name in links:
             if len(shared) == 1:
                 u, nbytes = per_choice(shared[0], grad)
-                add(held, u, nbytes)
-                floor -= max(nbytes)
                 least = max(nbytes)
             else:
                 least = min(min(per_choice(m, grad)[1]) for m in shared)
             found = _any_broken([broken(nodes[x], least) for x in _apart(op.name, shared, links)])
+            if len(shared) == 1:
+                found = _only_where_broken(found, u, nbytes)
             if len(found) == 2:
                 add(held, *found)
-            else:
+            elif len(found) == 3:
                 pairs.append(found)
+            else:
+                apart.append(found)
         if checkpointing and triggers.get(op.block) == op.name:
             beside_trigger[op.block] = alive_at(op, waiting, shared)
         # at the recomputation: only ops of a block whose trigger is fixed, up to it (the plan counts no recomputed
@@ -356,10 +380,12 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                 base = work if source is None else [0] * len(work)  # the op's, or the conversion's on the edge
                 own = [a + b + c for a, b, c in zip(base, terms[node], mine)]
                 key = (node, tuple(own), tuple((u, tuple(b)) for u, b in rest), floor, recomputation, source,
-                       tuple((a, b, tuple(map(tuple, m))) for a, b, m in row_pairs + copies))
+                       tuple((a, b, tuple(map(tuple, m))) for a, b, m in row_pairs + copies),
+                       tuple((u, tuple(b), x, y, tuple(map(tuple, m))) for u, b, x, y, m in apart))
                 if key not in seen:
                     seen.add(key)
-                    rows.append(HeldBeside(node, own, rest, floor, recomputation, source, row_pairs, earlier, copies))
+                    rows.append(HeldBeside(node, own, rest, floor, recomputation, source, row_pairs, earlier, copies,
+                                           apart))
     # the block's forward re-run, at its trigger: beside the gradients alive there (those waiting, and the trigger's
     # own where no waiting one may share its storage)
     order = {block: [name for name, _ in decisions] for block, decisions in in_block.items()}

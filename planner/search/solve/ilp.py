@@ -344,13 +344,13 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
 def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: dict[int, Callable[[int], np.ndarray]],
                allowed: dict[int, np.ndarray]) -> None:
     """Memory += each `ip.held_saved` copy (`Problem.held_saved`) on its pair variables, less the same on the
-    and-vectors of a checkpointed block, and -= each `ip.held_less` (the same way); T >= each `ip.held` row (`Problem.held_beside`): an op's working set on
-    its node's one-hot (or its
-    conversion's on the edge's pair variables), the gradients held beside it on their producers' one-hots (and
-    pair variables); a row at a block's recomputation only where that block may be checkpointed, its working set
-    and the recomputed activations on the block's and-vectors (zero when it is not)."""
+    and-vectors of a checkpointed block, and -= each `ip.held_less` (the same way); T >= each `ip.held` row
+    (`Problem.held_beside`): an op's working set on its node's one-hot (or its conversion's on the edge's pair
+    variables), the gradients held beside it on their producers' one-hots (and pair variables); a row at a block's
+    recomputation only where that block may be checkpointed, every term on the block's and-vectors (zero when it is
+    not, as `evaluate.held_bytes` counts it)."""
     edges = {(e.src, e.dst): k for k, e in enumerate(ip.edges)}
-    shared: dict[tuple[bytes, bytes], int] = {}
+    shared: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # a term's variables and coefficients, by its arrays
 
     def pair_term(pairs: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A pair term of a row as one variable equal to it, shared by every row with the same term (a gradient
@@ -364,8 +364,26 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
             some = nbytes.ravel() != 0
             term.add(pairs.ravel()[some], -nbytes.ravel()[some].astype(float))
             b.add_expr_row(term, 0.0, 0.0)
-            shared[key] = z
-        return np.array([shared[key]]), np.ones(1)
+            shared[key] = np.array([z]), np.ones(1)
+        return shared[key]
+
+    def apart_term(ind: np.ndarray, nbytes: np.ndarray, pairs: np.ndarray, breaks: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """nbytes[k]·ind[k]·(the pairs where `breaks`) (`HeldBeside.apart`) as w[k] >= ind[k] + broken - 1, w >= 0,
+        shared by every row with the same term: a gradient apart from the op's output's only where a passthrough
+        breaks, which the linear form (its bytes less its most, plus its most where it breaks) counts below zero
+        where they share."""
+        key = (b"apart", ind.tobytes(), nbytes.tobytes(), pairs.tobytes(), breaks.tobytes())
+        if key not in shared:
+            some = np.flatnonzero(nbytes)
+            w = b.model.add_vars(len(some))
+            for k, wk in zip(some, w):
+                row = LinExpr()
+                row.add(np.array([wk, ind[k]]), np.array([1.0, -1.0]))
+                row.add(pairs[breaks], -1.0)
+                b.add_expr_row(row, lo=-1.0)
+            shared[key] = (w, nbytes[some].astype(float))
+        return shared[key]
 
     for u, v, nbytes in ip.held_saved:  # saved all step, unless v's block is checkpointed (then recomputed)
         k = edges.get((u, v))
@@ -392,7 +410,8 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
             k = edges.get((u, w))
             expr.add(*pair_term(b.pair_vars(ends(u), ends(w), None if k is None else allowed.get(k)), nbytes))
             most += float(nbytes.max())
-        expr.add(ends(v), row.own.astype(float))
+        # the floor on the node's one-hot (an and-vector at a recomputation: nothing where its block is not checkpointed)
+        expr.add(ends(v), row.own.astype(float) + row.floor)
         most += float(row.own.max()) + row.floor
         if row.source is not None:
             k = edges.get((row.source, v))
@@ -402,13 +421,17 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
             expr.add(b.pair_vars(ends(row.source), ends(v), allowed.get(k)).ravel(), work.ravel().astype(float))
             most += float(work.max())
         for u, nbytes in row.terms:
-            expr.add(s[u], nbytes.astype(float))
+            expr.add(ends(u), nbytes.astype(float))
             most += float(nbytes.max())
         for u, w, nbytes in row.pairs:
             k = edges.get((u, w))
-            expr.add(*pair_term(b.pair_vars(s[u], s[w], None if k is None else allowed.get(k)), nbytes))
+            expr.add(*pair_term(b.pair_vars(ends(u), ends(w), None if k is None else allowed.get(k)), nbytes))
             most += float(nbytes.max())
-        expr.const += row.floor
+        for u, nbytes, x, y, breaks in row.apart:  # (on and-vectors: ind + broken - 1 <= 0 where not checkpointed)
+            k = edges.get((x, y))
+            expr.add(*apart_term(ends(u), nbytes, b.pair_vars(ends(x), ends(y), None if k is None else allowed.get(k)),
+                                 breaks))
+            most += float(nbytes.max())
         b.tops.append((expr, most))
 
 

@@ -132,7 +132,9 @@ class HeldBeside:
     `conversion_from`, the working set is that of the conversion into the op from that node (the problem's
     edge between the two, of which it is the only conversion) beside `own` (then only the gradients of `node`'s
     own ops). `pairs`: (node a, node b, nbytes[i][j]) bytes held where a takes choice i and b choice j (a gradient
-    sharing the op's output's storage unless the op's passthrough breaks, which both ends' layouts decide). `floor`
+    sharing the op's output's storage unless the op's passthrough breaks, which both ends' layouts decide). `apart`:
+    (node u, nbytes[k], node a, node b, breaks[i][j]) a gradient of nbytes[k] under u's choice k counted only where
+    a takes i and b takes j with breaks[i][j] true (where u is neither end: a product of three choices). `floor`
     may be negative: a term counted only under a condition is its bytes plus its most where the condition holds
     (a pair term) less that most.
 
@@ -149,6 +151,7 @@ class HeldBeside:
     pairs: list[tuple[str, str, list[list[int]]]] = field(default_factory=list)
     recomputed: list[tuple[str, list[int]]] = field(default_factory=list)
     recomputed_pairs: list[tuple[str, str, list[list[int]]]] = field(default_factory=list)
+    apart: list[tuple[str, list[int], str, str, list[list[bool]]]] = field(default_factory=list)
 
 
 @dataclass

@@ -46,7 +46,8 @@ EXACT_FLAT_PAIRS_MANY = 50_000
 # gap (7.1 s); with one checkpoint binary per block (before) it took 20 s CPU to prove. The held ILP, with more
 # nonzeros per option (the work is counted per nonzero), needs more: gpt-tiny on 4x4x4 at its smallest budget
 # stopped at twice the usual work with 58 % (4.1 s) and "proved" 7.6999 ms optimal at four times (6.6 s; with the
-# formulas' recompute rows, whose bound did not hold: `Problem.held_rerun`; now 52 % from the bound that does).
+# formulas' recompute rows, whose bound did not hold: `Problem.held_rerun`); with the rows counting the residual
+# stream's gradient only where it is apart (`HeldBeside.apart`) it proves 7.5977 ms optimal (31 nodes, ~20 s).
 PROVE_WORK = 4 * WORK_LIMIT
 # Where the caller's account does not fit the answer of that flat ILP, it runs again under the budget tightened by
 # what the account counted beyond the ILP's own peak (`_fixed`), by at most this share of the budget. Below it the
@@ -215,9 +216,9 @@ def _guided(ip: IndexedProblem, exact: IndexedProblem, out: Solution, over: Call
     (`Problem.held_rerun`: a lower bound of the plan, whose ILP's bound holds) and that ILP's answer was refused,
     the same ILP with the formulas' rows too, a search for an answer the plan fits (they can count more than the plan
     where the held rows count less: its bound is not taken): its answer where the plan fits it and it beats `out`,
-    with `out`'s bound; else None. gpt-tiny on 4x4x4 at its smallest budget: the held rows alone find a 3.6845 ms
-    answer 19 KiB over (they count fewer recomputed activations beside the MLP projection's backward, where an
-    earlier decision may save them), with the formulas' rows 7.6999 ms, which fits."""
+    with `out`'s bound; else None. gpt-tiny on 4x4x4 at its smallest budget, before the rows counted the residual
+    stream's gradient only where it is apart (`HeldBeside.apart`): the held rows alone found a 3.6845 ms answer 19 KiB
+    over, with the formulas' rows 7.6999 ms, which fits (the held ILP now proves 7.5977 ms)."""
     both = copy.copy(ip)
     both.held_rerun = frozenset()
     found = fixing.prove(both, out, ranges, name, deadline, work_limit=work_limit, held=True)
