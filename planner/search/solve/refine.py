@@ -173,9 +173,6 @@ def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name:
     out.raise_bound(proved.bound, GAP_TOLERANCE)
     out.message = "; ".join(m for m in (out.message, "lower bound from the flat ILP over the options that can "
                                         "beat it, whose answer the plan's accounting does not fit") if m)
-    guided = _guided(ip, exact, out, over, ranges, name, deadline, work_limit) if held and ip.held_rerun else None
-    if guided is not None:
-        return guided
     shrink = 0
     for _ in range(FIT_ROUNDS - 1):
         if not proved.objective < out.objective * (1 - EXACT_GAP):  # a tightened ILP's answer is no faster than
@@ -208,23 +205,6 @@ def _unproven(found: Solution, out: Solution, how: str) -> Solution:
     found.message = f"{NOT_PROVEN}; found by the flat ILP over the options that can beat {out.objective * 1e3:.4f} ms {how}"
     found.raise_bound(out.bound, GAP_TOLERANCE)
     return found
-
-
-def _guided(ip: IndexedProblem, exact: IndexedProblem, out: Solution, over: Callable[[Solution], int],
-            ranges: list[tuple[float, Price]], name: str, deadline: float, work_limit: int | None) -> Solution | None:
-    """Where the held rows count a block's forward re-run in place of the formulas' recompute rows
-    (`Problem.held_rerun`: a lower bound of the plan, whose ILP's bound holds) and that ILP's answer was refused,
-    the same ILP with the formulas' rows too, a search for an answer the plan fits (they can count more than the plan
-    where the held rows count less: its bound is not taken): its answer where the plan fits it and it beats `out`,
-    with `out`'s bound; else None. gpt-tiny on 4x4x4 at its smallest budget, before the rows counted the residual
-    stream's gradient only where it is apart (`HeldBeside.apart`): the held rows alone found a 3.6845 ms answer 19 KiB
-    over, with the formulas' rows 7.6999 ms, which fits (the held ILP now proves 7.5977 ms)."""
-    both = copy.copy(ip)
-    both.held_rerun = frozenset()
-    found = fixing.prove(both, out, ranges, name, deadline, work_limit=work_limit, held=True)
-    if found is None or not found.objective < out.objective * (1 - GAP_TOLERANCE) or _judged(ip, exact, found, over)[0] > 0:
-        return None
-    return _unproven(found, out, "counting the formulas' recompute rows beside the held rows")
 
 
 def _judged(ip: IndexedProblem, exact: IndexedProblem, proved: Solution, over: Callable[[Solution], int]
