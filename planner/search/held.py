@@ -309,8 +309,8 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         held: dict[str, list[int]] = {node: [0] * len(work)}  # the gradients waiting, by their producers' decisions
         floor = count_waiting(waiting, held)
         # the gradients sharing the op's output's storage where it hands its gradient on: apart where a passthrough on
-        # its way to theirs breaks (one tensor: its bytes, less its most where they share, which no row needs: exact
-        # at every assignment; several: the least of theirs). gpt-tiny's MLP projection: the residual stream's
+        # its way to theirs breaks (one tensor: its bytes where it breaks, nothing where they share, `_only_where_broken`;
+        # several: the least of theirs where it breaks). gpt-tiny's MLP projection: the residual stream's
         # gradient waits beside it apart from its output's where the dropout after it hands its gradient to the
         # residual add converted, 32 KiB the op's own passthrough alone does not see.
         pairs: list[tuple[str, str, list[list[int]]]] = []

@@ -135,8 +135,8 @@ class HeldBeside:
     sharing the op's output's storage unless the op's passthrough breaks, which both ends' layouts decide). `apart`:
     (node u, nbytes[k], node a, node b, breaks[i][j]) a gradient of nbytes[k] under u's choice k counted only where
     a takes i and b takes j with breaks[i][j] true (where u is neither end: a product of three choices). `floor`
-    may be negative: a term counted only under a condition is its bytes plus its most where the condition holds
-    (a pair term) less that most.
+    may be negative (a term counted only under a condition written linearly: its bytes plus its most where the
+    condition holds, less that most; `planner.search.held` writes `apart` terms instead, which never go below zero).
 
     A lower bound of what the plan's accounting counts there, which the formulas (`evaluate`) leave out: the
     flat ILP adds each as one more candidate of its max term (tighter bounds, fewer answers the accounting
