@@ -71,7 +71,7 @@ class HeldRow:
     pairs: list[tuple[int, int, np.ndarray]]
     recomputed: list[tuple[int, np.ndarray]]  # with `recomputation`: per earlier node of the block, its bytes
     recomputed_pairs: list[tuple[int, int, np.ndarray]]  # ... and per pair of nodes
-    apart: list[tuple[int, np.ndarray, int, int, np.ndarray]] = ()  # (u, bytes, a, b, breaks): `HeldBeside.apart`
+    apart: list[tuple[int, np.ndarray, int, int, np.ndarray]]  # (u, bytes, a, b, breaks): `HeldBeside.apart`
 
     def value(self, choice: Sequence[int]) -> int:
         """The bytes of the row's own, terms, pairs, apart terms and floor under an assignment (not the conversion's
