@@ -430,9 +430,8 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
         storages) and beyond it (storages saved twice: some where an earlier decision's choice saves them)."""
         if not small:
             return [], []
-        less, twice = saved_twice(graph, en, g, before, device)
-        return ((saved_copies(graph, en, g, before) if copies else []) + twice,
-                less + saved_views(graph, mesh, en, g, before, device))
+        return (saved_copies(graph, en, g, before) if copies else [],
+                saved_twice(graph, en, g, before, device) + saved_views(graph, mesh, en, g, before, device))
 
     problem, step_problem = problems(pnodes, step_nodes, *held_saved(saved_before(en, g, shareable), True))
     apart_nodes, _, apart_step = price_choices(en, g, bytes_per_param, optimizer)

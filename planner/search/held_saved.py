@@ -3,7 +3,7 @@ from below of the plan's activation bytes (`planner.search.held` holds the gradi
 
 * `saved_copies`: the copies of an input decisions save beyond the problem's count-once (`HeldSaved`);
 * `saved_twice`: what the formulas count in every layer, or at two decisions of a block, that the plan counts once
-  (`HeldLess`, and negative `HeldSaved` where one earlier decision's choice decides it);
+  (`HeldLess`, where the earlier decisions' choices save it);
 * `saved_views`: a saved view the plan counts as the larger storage it views (`HeldLess`, negative).
 
 `_Saves` answers, for both modules, which storage a saved tensor is and which earlier decisions may save it.
@@ -94,13 +94,18 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[s
     (HF LLaMA's rotary tables, saved by every layer through views); a tensor made in the block, in the same layout,
     by a decision of the block, also behind ops that return their input itself (`_Saves.tensor`: HF BERT's q, k
     and v reading the layer norm's output behind an identity dropout, HF GPT-NeoX's attention matmul saving
-    softmax's output behind a p=0 dropout). Taken off whatever the earlier decision's choice: where it does not
-    save that tensor the rows count less than the plan, still a bound from below, which the flat ILP with held
-    rows must be (counting those views, HF GPT-NeoX's held proof on 4x4x4 at 1.25x its smallest budget called
-    2.5187 ms optimal above a 2.5085 ms plan that fits). A tensor in another layout is another storage: taking
-    those off too (any layout) left HF LLaMA's held rows below the formulas (64 ranks, 1.25x: 3.5914 -> 3.7157
-    ms, 4.4 % unproven). Per decision, those bytes per choice."""
+    softmax's output behind a p=0 dropout). The first taken off whatever the choices (still a bound from below where
+    nothing earlier saves it, which the flat ILP with held rows must be: counting those views, HF GPT-NeoX's held
+    proof on 4x4x4 at 1.25x its smallest budget called 2.5187 ms optimal above a 2.5085 ms plan that fits); the
+    second only where an earlier decision's choice saves it and it reaches this decision as it is made
+    (`HeldLess.where`): where it reaches it converted, the decision saves a copy of its own, another storage (HF
+    OPT's q, k and v on 4x4x4 each keep one of the layer norm's output; taken off, the held ILP's 2.4474 ms answer
+    at 1.5x the smallest budget counted 8 KiB under the plan, which refused it, and the plan stayed 1.24 %
+    unproven). A tensor in another layout is another storage: taking those off too (any layout) left HF LLaMA's
+    held rows below the formulas (64 ranks, 1.25x: 3.5914 -> 3.7157 ms, 4.4 % unproven). Per decision, those bytes
+    per choice."""
     saves = _Saves(graph, en, g, device)
+    nodes = saves.nodes
     anywhere = saves.earlier(per_block=False)
     in_blocks = {n for b in graph.blocks for n in b.nodes}
     # per decision of a block: per tensor it may save, the choices that save it; and per block, its decisions so far
@@ -115,42 +120,52 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[s
                 for t in en.costs[op][idx[c]].saved:
                     mine.setdefault(saves.tensor(t.key), set()).add(c)
 
-    def taken_off(key: str, d: Decision) -> str | bool:
-        """False, True (whatever the choices), or the one earlier decision of d's block that may save `key`'s
-        tensor: taken off where its choice does."""
+    def taken_off(key: str, d: Decision) -> list[str] | bool:
+        """False, True (whatever the choices), or the earlier decisions of d's block that may save `key`'s tensor:
+        taken off where one of their choices does."""
         if d.block is None:
             return False
         if (saves.storage(key)[1] or _head(key)) not in in_blocks:
             return not saves.anew(key, anywhere[d.name])[1]
         tensor = saves.tensor(key)
-        savers = [e for e in so_far.get(d.block, ()) if tensor in saving[e]]
-        return savers[0] if len(savers) == 1 else bool(savers)
+        return [e for e in so_far.get(d.block, ()) if tensor in saving[e]] or False
 
     less: list[HeldLess] = []
-    pairs: list[HeldSaved] = []
     for d in g.decisions.values():
         n = len(d.members[0])
         always = [0] * n
-        tables: dict[str, list[list[int]]] = {}  # the one earlier saver's decision -> -bytes[its choice][d's choice]
+        where: dict[tuple, list[int]] = {}  # the clauses it is taken off where -> bytes per d's choice
         for c in range(n):
-            counted: dict[str, int] = {}  # the keys the problem counts here (`price_choices`)
+            counted: dict[str, tuple[int, str, int]] = {}  # the keys the problem counts here (`price_choices`)
             for op, idx in zip(d.ops, d.members):
-                counted |= {t.key: t.bytes for t in en.costs[op][idx[c]].saved if t.key not in before[d.name]}
-            for key, nbytes in counted.items():
+                counted |= {t.key: (t.bytes, op, idx[c]) for t in en.costs[op][idx[c]].saved
+                            if t.key not in before[d.name]}
+            for key, (nbytes, op, k) in counted.items():
                 off = taken_off(key, d)
                 if off is True:
                     always[c] += nbytes
-                elif off:
-                    e = g.decisions[off]
-                    table = tables.setdefault(off, [[0] * n for _ in range(len(e.members[0]))])
-                    for ce in saving[off][saves.tensor(key)]:
-                        table[ce][c] -= nbytes
+                    continue
+                if not off:
+                    continue
+                tensor = saves.tensor(key)
+                clauses = [tuple((e, tuple(ce in saving[e][tensor] for ce in range(len(g.decisions[e].members[0]))))
+                                 for e in off)]
+                strat = en.strategies[op][k]
+                arg = _received(key, nodes[op], strat, g, d)
+                if arg is not None:  # one storage with theirs only where it reaches d as it is made; else d's own copy
+                    u, same = _arrives(nodes[nodes[op].inputs[arg]], nodes[op], strat.inputs[arg], en, g)
+                    if not any(same):
+                        continue
+                    if not all(same):
+                        clauses.append(((u, tuple(same)),))
+                where.setdefault(tuple(clauses), [0] * n)[c] += nbytes
         if any(always):
             less.append(HeldLess(d.name, always))
-        pairs += [HeldSaved(e, d.name, table) for e, table in tables.items() if any(map(any, table))]
+        less += [HeldLess(d.name, nbytes, [[(e, list(m)) for e, m in clause] for clause in clauses])
+                 for clauses, nbytes in where.items()]
         if d.block is not None:
             so_far.setdefault(d.block, []).append(d.name)
-    return less, pairs
+    return less
 
 
 def saved_views(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, before: Mapping[str, AbstractSet[str]],

@@ -109,14 +109,15 @@ def held_bytes(ip: IndexedProblem, choice: Sequence[int], checkpointed: Iterable
 def held_peak(ip: IndexedProblem, choice: Sequence[int], checkpointed: Iterable[int]) -> int:
     """The peak the flat ILP with held rows (`build_flat(held=True)`) counts for an assignment: the formulas' peak
     (`evaluate_indexed`) with the copies saved beyond them (`ip.held_saved`) and without what they may count twice
-    (`ip.held_less`; both only for nodes outside checkpointed blocks), its max term with each working set where
-    the block is not checkpointed (`transient_unckpt`: a conversion's less what the op saves), the recompute rows
-    of the checkpointed blocks whose forward re-run the held rows do not count (`ip.held_rerun`) and the largest
-    held row (`held_bytes`) as one more candidate."""
+    (`ip.held_less`, where its clauses hold; both only for nodes outside checkpointed blocks), its
+    max term with each working set where the block is not checkpointed (`transient_unckpt`: a conversion's less what
+    the op saves), the recompute rows of the checkpointed blocks whose forward re-run the held rows do not count
+    (`ip.held_rerun`) and the largest held row (`held_bytes`) as one more candidate."""
     ckpt = set(checkpointed)
     _, peak, parts = evaluate_indexed(ip, choice, ckpt)
     copies = sum(int(nbytes[choice[u], choice[v]]) for u, v, nbytes in ip.held_saved if ip.block_of[v] not in ckpt)
-    copies -= sum(int(nbytes[choice[v]]) for v, nbytes in ip.held_less if ip.block_of[v] not in ckpt)
+    copies -= sum(int(nbytes[choice[v]]) for v, nbytes, where in ip.held_less if ip.block_of[v] not in ckpt
+                  and all(any(marks[choice[u]] for u, marks in clause) for clause in where))
     # the formulas' recompute rows, where the held rows do not count the block's forward re-run (`Problem.held_rerun`)
     sets = _working_sets(ip, choice)[0]
     work = max([_block_peak(ip, choice, sets, b) for b in ckpt - ip.held_rerun]

@@ -116,7 +116,8 @@ def restrict(ip: IndexedProblem, keep: list[np.ndarray]) -> IndexedProblem:
     out.shared = [(v, nbytes[keep[v]], blocks) for v, nbytes, blocks in ip.shared]
     out.held = [row.restricted(keep) for row in ip.held]
     out.held_saved = [(u, v, b[np.ix_(keep[u], keep[v])]) for u, v, b in ip.held_saved]
-    out.held_less = [(v, b[keep[v]]) for v, b in ip.held_less]
+    out.held_less = [(v, b[keep[v]], [[(u, m[keep[u]]) for u, m in clause] for clause in where])
+                     for v, b, where in ip.held_less]
     return out
 
 

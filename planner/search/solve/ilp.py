@@ -326,7 +326,7 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
                 flag_exprs.append(expr)
             b.kept_while(s[v], nbytes, flag_exprs)
     if held:
-        _held_rows(b, ip, s, lands, allowed)
+        _held_rows(b, ip, s, lands, allowed, flags)
     model = b.finish(mode, budget)
 
     def extract(x: np.ndarray) -> tuple[list[int], list[int]]:
@@ -342,9 +342,10 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
 
 
 def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: dict[int, Callable[[int], np.ndarray]],
-               allowed: dict[int, np.ndarray]) -> None:
+               allowed: dict[int, np.ndarray], flags: list[int]) -> None:
     """Memory += each `ip.held_saved` copy (`Problem.held_saved`) on its pair variables, less the same on the
-    and-vectors of a checkpointed block, and -= each `ip.held_less` (the same way); T >= each `ip.held` row
+    and-vectors of a checkpointed block, and -= each `ip.held_less` (the same way; one with clauses on a variable per
+    choice bounded by each, which the memory row pushes up to their product); T >= each `ip.held` row
     (`Problem.held_beside`): an op's working set on its node's one-hot (or its conversion's on the edge's pair
     variables), the gradients held beside it on their producers' one-hots (and pair variables); a row at a block's
     recomputation only where that block may be checkpointed, every term on the block's and-vectors (zero when it is
@@ -392,11 +393,30 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
         blk = ip.block_of[v]
         if blk in lands:
             b.memory.add(b.pair_vars(lands[blk](u), lands[blk](v), mask).ravel(), -nbytes.ravel().astype(float))
-    for v, nbytes in ip.held_less:  # saved bytes the formulas may count twice, unless v's block is checkpointed
-        b.memory.add(s[v], -nbytes.astype(float))
+    for v, nbytes, where in ip.held_less:  # saved bytes the formulas may count twice, unless v's block is checkpointed
         blk = ip.block_of[v]
-        if blk in lands:
-            b.memory.add(lands[blk](v), nbytes.astype(float))
+        if 0 <= blk < len(flags) and flags[blk] == ONE:
+            continue
+        if not where:
+            b.memory.add(s[v], -nbytes.astype(float))
+            if blk in lands:
+                b.memory.add(lands[blk](v), nbytes.astype(float))
+            continue
+        # only where its clauses hold: t[k] <= s[v][k], t[k] <= each clause's sum (and <= 1 - the block's flag), which
+        # the memory row pushes up to their least: 1 exactly where all hold (bytes >= 0)
+        flag = flags[blk] if blk in lands else None
+        some = np.flatnonzero(nbytes)
+        t = b.model.add_vars(len(some))
+        clauses = [np.concatenate([s[u][marks] for u, marks in clause]) for clause in where]
+        for k, tk in zip(some, t):
+            for ind in [s[v][k:k + 1], *clauses]:
+                row = LinExpr()
+                row.add(np.array([tk]), 1.0)
+                row.add(ind, -1.0)
+                b.add_expr_row(row, hi=0.0)
+            if flag is not None:
+                b.model.add_row(np.array([tk, flag]), np.ones(2), -np.inf, 1.0)
+        b.memory.add(t, -nbytes[some].astype(float))
     for row in ip.held:
         v, blk = row.node, ip.block_of[row.node]
         if row.recomputation and blk not in lands:

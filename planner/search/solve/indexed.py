@@ -300,11 +300,28 @@ class IndexedProblem:
 
     def _read_held_saved(self) -> None:
         """`held_saved[k]` per `Problem.held_saved` entry: (src's index, node's index, bytes per (src's choice,
-        node's choice)); `held_less[k]` per `Problem.held_less` entry: (node's index, bytes per its choice)."""
+        node's choice)); `held_less[k]` per `Problem.held_less` entry: (node's index, bytes per its choice, its clauses:
+        per clause, (node index, per its choice whether) entries, `HeldLess.where`)."""
         self.held_saved = [x for h in self.problem.held_saved
                            for x in self._pair_bytes([(h.src, h.node, h.nbytes)], f"held_saved {h.node!r}", signed=True)]
-        self.held_less = [(v, self._choice_bytes(h.nbytes, v, f"held_less {h.node!r}", signed=True))
-                          for h in self.problem.held_less for v in [self._node(h.node, f"held_less {h.node!r}")]]
+        self.held_less = []
+        for h in self.problem.held_less:
+            where = f"held_less {h.node!r}"
+            v = self._node(h.node, where)
+            clauses = []
+            for clause in h.where:
+                checked = []
+                for name, marks in clause:
+                    u = self._node(name, where)
+                    if len(marks) != self.sizes[u]:
+                        raise ProblemError(f"{where} names {name!r} with {len(marks)} marks; expected {self.sizes[u]} "
+                                           f"(one per choice of {name!r})")
+                    checked.append((u, np.asarray(marks, dtype=bool)))
+                if not checked:
+                    raise ProblemError(f"{where} has an empty clause (it never holds); leave the entry out instead")
+                clauses.append(checked)
+            # taken off under clauses: the ILP counts it down to a product, exact for bytes >= 0 only
+            self.held_less.append((v, self._choice_bytes(h.nbytes, v, where, signed=not clauses), clauses))
 
     def _pair_bytes(self, given: list[tuple[str, str, list[list[int]]]], where: str, signed: bool = False
                     ) -> list[tuple[int, int, np.ndarray]]:

@@ -159,9 +159,8 @@ class HeldSaved:
     """Bytes node `node` saves beyond its choices' saved bytes, alive all step (unless its block is checkpointed:
     then recomputed, which `HeldBeside` rows count), that the formulas leave out: nbytes[i][j] where `src` takes
     choice i and `node` choice j (a copy of an input the formulas count at an earlier node, kept where the
-    input reaches `node` converted; `planner.search.held_saved.saved_copies`), or negative, bytes its choices save that
-    the plan counts at `src` where src's choice saves them (`planner.search.held_saved.saved_twice`). The flat ILP counts
-    them with its held rows."""
+    input reaches `node` converted; `planner.search.held_saved.saved_copies`). The flat ILP counts them with its held
+    rows."""
 
     src: str
     node: str
@@ -173,10 +172,14 @@ class HeldLess:
     """Bytes the formulas count in node `node`'s saved bytes under its choice i, nbytes[i], beyond the plan's: a
     storage the plan may count at an earlier node (saved twice: `planner.search.held_saved.saved_twice`), or negative, a
     view the plan counts as the larger storage it views (`planner.search.held_saved.saved_views`); the flat ILP with held
-    rows takes them off (its memory row must not count more than the plan's)."""
+    rows takes them off (its memory row must not count more than the plan's). `where`: taken off only where every
+    clause holds, a clause holding where one of its (node, per choice of it whether) takes a choice marked True (an
+    earlier node saves that storage; the storage reaches `node` as it is made, not converted into a copy of its own);
+    empty: whatever the choices. Bytes taken off under clauses are >= 0."""
 
     node: str
     nbytes: list[int]
+    where: list[list[tuple[str, list[bool]]]] = field(default_factory=list)
 
 
 @dataclass

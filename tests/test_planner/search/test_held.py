@@ -20,14 +20,15 @@ from planner.search.solve.evaluate import evaluate_indexed, held_bytes, held_pea
 from planner.search.solve.ilp import build_flat
 from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import solve_milp
-from planner.search.solve.problem import HeldBeside, HeldSaved, Problem, Solution
+from planner.search.solve.problem import HeldBeside, HeldLess, HeldSaved, Problem, Solution
 from planner.trace.tracer import capture
 
 
 def _with_held(seed: int, fraction: float) -> Problem:
     """Two blocks of two nodes, conversions on every edge, and held rows of every kind: terms on other nodes,
     pairs, terms of one node counted where a pair of two others holds, a negative floor (a gradient counted where a pair's condition holds), at a recomputation (with the
-    earlier nodes' recomputed bytes), beside a conversion; and copies saved beyond the formulas."""
+    earlier nodes' recomputed bytes), beside a conversion; copies saved beyond the formulas, and bytes they count
+    twice where one of two earlier nodes saves them and a third hands them on as they are."""
     rng = np.random.default_rng(seed)
     problem = repeated_blocks(rng, n_blocks=2, block_nodes=2, choices=3, budget_fraction=fraction)
     for e in problem.edges:
@@ -55,6 +56,14 @@ def _with_held(seed: int, fraction: float) -> Problem:
     for e in problem.edges[::3]:  # copies saved beyond the formulas: in blocks (dropped when checkpointed) and out
         problem.held_saved.append(HeldSaved(e.src, e.dst, [[int(x) * int(rng.random() < 0.5) for x in vec(e.dst, 300)]
                                                            for _ in vec(e.src)]))
+    def marks(name: str) -> list[bool]:
+        return [bool(rng.random() < 0.5) for _ in vec(name)]
+
+    for _ in range(3):  # bytes counted twice, taken off only where one of two earlier nodes saves them and a third's
+        node = names[int(rng.integers(2, len(names)))]  # choice hands it on as it is (`HeldLess.where`)
+        a, b = (names[int(i)] for i in rng.choice(names.index(node), 2, replace=False))
+        c = names[int(rng.integers(len(names)))]
+        problem.held_less.append(HeldLess(node, vec(node, 3000), [[(a, marks(a)), (b, marks(b))], [(c, marks(c))]]))
     return problem
 
 
@@ -72,13 +81,13 @@ def _best(ip: IndexedProblem, sets: frozenset[int] | None) -> tuple[float, float
     return with_rows, without
 
 
-@pytest.mark.parametrize("seed, fraction", [(1, 0.8), (2, 1.0), (4, 1.0)])
+@pytest.mark.parametrize("seed, fraction", [(1, 0.8), (2, 1.0), (4, 1.0), (7, 0.8)])
 def test_the_flat_ilp_counting_held_rows_is_their_optimum(seed: int, fraction: float) -> None:
     ip = IndexedProblem(_with_held(seed, fraction))
     binding = 0
     for sets in [None, *fixing.checkpoint_sets(ip)]:
         with_rows, without = _best(ip, sets)
-        binding += with_rows > without
+        binding += with_rows != without
         built = build_flat(ip, "time", ip.budget, checkpointed=sets, held=True)
         res = solve_milp(built.model, work_limit=None)
         if not np.isfinite(with_rows):
@@ -140,7 +149,7 @@ def test_a_saved_view_counts_as_the_storage_it_views_as_in_the_plan() -> None:
     hw = load_profile("a100-80gb")
     built = build_problem(graph, candidate_meshes(8, 8)[-1], hw, 10**12, device=hw.device)
     ip = IndexedProblem(built.problem)
-    views = {ip.names[v]: nbytes for v, nbytes in ip.held_less if nbytes.min() < 0}
+    views = {ip.names[v]: nbytes for v, nbytes, _ in ip.held_less if nbytes.min() < 0}
     assert list(views) == ["embedding_2"]
     v = ip.names.index("embedding_2")
     for c in range(ip.sizes[v]):
@@ -192,21 +201,32 @@ def _plan(graph, hw, built, ip: IndexedProblem, choice: list[int]):
                          checkpointing=True, schemes=None)
 
 
-@pytest.mark.parametrize("world", [8, 64])
-def test_without_checkpointing_the_held_rows_count_gpt_tinys_saved_bytes_as_the_plan(world: int) -> None:
-    """gpt-tiny (2x2x2 and 4x4x4), random assignments, no block checkpointed: the formulas' saved bytes with the held
-    rows' copies and less what they count twice are the plan's activation bytes, exactly. Attention's second matmul
-    saves v, which the q/k/v projection saves under some choices only: taken off where its choice does (before, off
-    whatever the choice, under in all of them; the held ILP's 2.7648 ms answer on 4x4x4 at 1.5x the smallest budget
-    counted 4,096 B below the plan, and its bound stayed 1.96 % below the 2.9380 ms plan, now proven)."""
-    graph, hw, built, ip = _gpt_tiny(world)
-    assert any(nbytes.min() < 0 for _, _, nbytes in ip.held_saved)
+@pytest.mark.parametrize(("name", "world"), [("gpt-tiny", 8), ("gpt-tiny", 64), ("hf-opt", 64)])
+def test_without_checkpointing_the_held_rows_count_the_saved_bytes_as_the_plan(name: str, world: int) -> None:
+    """gpt-tiny (2x2x2 and 4x4x4) and HF OPT (4x4x4), random assignments, no block checkpointed: the formulas' saved
+    bytes with the held rows' copies and less what they count twice are the plan's activation bytes, exactly.
+    gpt-tiny: attention's second matmul saves v, which the q/k/v projection saves under some choices only: taken off
+    where its choice does (before, off whatever the choice, under in all of them; the held ILP's 2.7648 ms answer on
+    4x4x4 at 1.5x the smallest budget counted 4,096 B below the plan, and its bound stayed 1.96 % below the 2.9380 ms
+    plan, now proven). HF OPT: q, k and v each save the layer norm's output, one storage only where it reaches them
+    as it is made; converted, each keeps a copy of its own (taken off where an earlier one saved it, the rows were
+    1-5 KiB under the plan in 10 of these 12; the held ILP's 2.4474 ms answer at 1.5x the smallest budget 8 KiB
+    under, refused by the plan, and the plan 2.4780 ms 1.24 % unproven, now proven)."""
+    from zoo import ZOO, build
+
+    ex = build(name) if name in ZOO else get_example(name)
+    graph = capture(ex.model, ex.example_inputs, name=name)
+    hw = load_profile("a100-80gb")
+    built = build_problem(graph, candidate_meshes(world, 8)[-1], hw, 10**12, device=hw.device)
+    ip = IndexedProblem(built.problem)
+    assert any(where for _, _, where in ip.held_less)
     rng = random.Random(0)
-    for _ in range(8):
+    for _ in range(12):
         choice = [rng.randrange(n) for n in ip.sizes]
         saved = evaluate_indexed(ip, choice, [])[2]["saved_bytes"]
         saved += sum(int(nbytes[choice[u], choice[v]]) for u, v, nbytes in ip.held_saved)
-        saved -= sum(int(nbytes[choice[v]]) for v, nbytes in ip.held_less)
+        saved -= sum(int(nbytes[choice[v]]) for v, nbytes, where in ip.held_less
+                     if all(any(marks[choice[u]] for u, marks in clause) for clause in where))
         assert saved == _plan(graph, hw, built, ip, choice).predicted.activation_bytes
 
 
