@@ -348,10 +348,10 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
             least = min(per_choice(t, grad)[1])
             ways = [broken(nodes[x], least) for x in _apart(t, waiting[roots[t]], links) if x in links]
             joins = _any_broken(ways) if ways else None
-        # the op's own working set, or the conversion into it from a decision it is the only conversion from: whole at
-        # the recomputation, elsewhere less what the op saves (the edge's unckpt: the plan takes the storages the op
-        # keeps off, views and converted copies can make that more than the rule's saved bytes, which the problem's
-        # edge takes off); the built-in MLP's second linear, 1-2 KiB short of the plan with the op's working set only
+        # the op's own working set, or, at the recomputation, the conversion into it from a decision it is the
+        # only conversion from (elsewhere the plan takes what the op saves off a conversion's working set, the
+        # storages it keeps: views and converted copies can make that more than the rule's saved bytes, which the
+        # problem's edge takes off)
         sources = [u for u in dict.fromkeys(g.decision_of[src] for src in op.inputs)
                    if u != node and crossing[(u, node)] == 1]
         for recomputation in (False, True):
@@ -376,7 +376,7 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                 before_op = in_block[block][:order.index(node)]
                 earlier = [(w, nbytes) for w, (nbytes, _) in before_op if any(nbytes)]
                 copies = [x for _, (_, more) in before_op for x in more] + copies
-            for source in [None, *sources]:
+            for source in [None, *sources] if recomputation else [None]:
                 base = work if source is None else [0] * len(work)  # the op's, or the conversion's on the edge
                 own = [a + b + c for a, b, c in zip(base, terms[node], mine)]
                 key = (node, tuple(own), tuple((u, tuple(b)) for u, b in rest), floor, recomputation, source,

@@ -95,11 +95,11 @@ def held_bytes(ip: IndexedProblem, choice: Sequence[int], checkpointed: Iterable
         if row.recomputation and blk not in ckpt:
             continue
         value = row.value(choice)
-        if row.source is not None:  # the conversion's working set (less what the op saves, but at a recomputation)
+        if row.source is not None:
             e = edges.get((row.source, row.node))
             if e is None or e.transient is None:
                 continue
-            value += int((e.transient if row.recomputation else e.unckpt())[choice[row.source], choice[row.node]])
+            value += int(e.transient[choice[row.source], choice[row.node]])
         value += sum(int(nbytes[choice[u]]) for u, nbytes in row.recomputed)
         value += sum(int(nbytes[choice[u], choice[w]]) for u, w, nbytes in row.recomputed_pairs)
         most = max(most, value)

@@ -434,8 +434,8 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
         expr.add(ends(v), row.own.astype(float) + row.floor)
         most += float(row.own.max()) + row.floor
         if row.source is not None:
-            k = edges.get((row.source, v))  # the conversion's working set (less what the op saves, but at a recomputation)
-            work = None if k is None else ip.edges[k].transient if row.recomputation else ip.edges[k].unckpt()
+            k = edges.get((row.source, v))
+            work = None if k is None else ip.edges[k].transient
             if work is None:
                 continue
             expr.add(b.pair_vars(ends(row.source), ends(v), allowed.get(k)).ravel(), work.ravel().astype(float))
