@@ -306,22 +306,22 @@ class IndexedProblem:
                            for x in self._pair_bytes([(h.src, h.node, h.nbytes)], f"held_saved {h.node!r}", signed=True)]
         self.held_less = []
         for h in self.problem.held_less:
-            where = f"held_less {h.node!r}"
-            v = self._node(h.node, where)
+            label = f"held_less {h.node!r}"
+            v = self._node(h.node, label)
             clauses = []
             for clause in h.where:
                 checked = []
                 for name, marks in clause:
-                    u = self._node(name, where)
+                    u = self._node(name, label)
                     if len(marks) != self.sizes[u]:
-                        raise ProblemError(f"{where} names {name!r} with {len(marks)} marks; expected {self.sizes[u]} "
+                        raise ProblemError(f"{label} names {name!r} with {len(marks)} marks; expected {self.sizes[u]} "
                                            f"(one per choice of {name!r})")
                     checked.append((u, np.asarray(marks, dtype=bool)))
                 if not checked:
-                    raise ProblemError(f"{where} has an empty clause (it never holds); leave the entry out instead")
+                    raise ProblemError(f"{label} has an empty clause (it never holds); leave the entry out instead")
                 clauses.append(checked)
             # taken off under clauses: the ILP counts it down to a product, exact for bytes >= 0 only
-            self.held_less.append((v, self._choice_bytes(h.nbytes, v, where, signed=not clauses), clauses))
+            self.held_less.append((v, self._choice_bytes(h.nbytes, v, label, signed=not clauses), clauses))
 
     def _pair_bytes(self, given: list[tuple[str, str, list[list[int]]]], where: str, signed: bool = False
                     ) -> list[tuple[int, int, np.ndarray]]:

@@ -18,7 +18,7 @@ from planner.search.build import build_problem
 from planner.search.solve import fixing
 from planner.search.solve.evaluate import evaluate_indexed, held_bytes, held_peak
 from planner.search.solve.ilp import build_flat
-from planner.search.solve.indexed import IndexedProblem
+from planner.search.solve.indexed import IndexedProblem, ProblemError
 from planner.search.solve.milp import solve_milp
 from planner.search.solve.problem import HeldBeside, HeldLess, HeldSaved, Problem, Solution
 from planner.trace.tracer import capture
@@ -99,6 +99,20 @@ def test_the_flat_ilp_counting_held_rows_is_their_optimum(seed: int, fraction: f
         assert time_s == pytest.approx(with_rows, rel=1e-9)
         assert held_peak(ip, choice, blocks) <= ip.budget
     assert binding > 0  # the rows change some optimum: the check is not vacuous
+
+
+@pytest.mark.parametrize(("where", "nbytes", "error"), [
+    ([[("L0.op0", [True])]], 100, "with 1 marks; expected 3"),
+    ([[]], 100, "empty clause"),
+    ([[("L0.op0", [True, False, True])]], -100, "negative bytes"),
+])
+def test_a_malformed_held_less_entry_is_refused_with_what_is_wrong(where: list, nbytes: int, error: str) -> None:
+    """A `HeldLess` entry taken off under clauses: marks one per choice of the node named, no empty clause (it never
+    holds), bytes >= 0 (the ILP counts them down to a product of the clauses, exact only so)."""
+    problem = _with_held(1, 1.0)
+    problem.held_less = [HeldLess("L1.op0", [nbytes] * 3, where)]
+    with pytest.raises(ProblemError, match=error):
+        IndexedProblem(problem)
 
 
 @pytest.mark.parametrize("name", ["hf-llama", "hf-vit", "hf-gpt2", "hf-bert"])
