@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from planner.search.build import BuiltProblem, SchemeUnavailable
 from planner.search.solve import Problem, Solution, evaluate, solve
 from planner.search.solve.min_budget import SolveMemo
 from planner.search.solve.problem import GAP_TOLERANCE
+from planner.search.solve.refine import held_exact
 
 __all__ = ["SOLVES_PER_MESH", "MeshResult", "beats", "narrow_least", "plan_mesh", "use_room"]
 
@@ -206,6 +208,15 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
             sol = fit(budget, loosen=over)
             if sol.status in ("optimal", "feasible") and sol.objective < least.objective:
                 return MeshResult(mesh, account.plan(sol), sol.objective, answer=sol, apart=account.apart)
+        # On a small problem the flat ILP with held rows over every option bounds what the plan fits and may
+        # find a faster answer it fits: the least-memory plan has no bound of its own
+        deadline = math.inf if time_limit is None else time.perf_counter() + time_limit
+        exact = held_exact(account.problem, budget, least, solver, deadline)
+        if exact is not None and account(exact) <= budget and exact.objective < least.objective:
+            return MeshResult(mesh, account.plan(exact), exact.objective, answer=exact, apart=account.apart)
+        if exact is not None:
+            least.raise_bound(min(exact.bound, least.objective), GAP_TOLERANCE)
+            found = account.plan(least)
         if beaten is not None and beaten(least.objective):  # the least-memory plan is an answer too
             return MeshResult(mesh, beaten=True)
         return MeshResult(mesh, found, least.objective)

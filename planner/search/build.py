@@ -32,7 +32,7 @@ from cost_models.layout import Layout
 from cost_models.memory import conversion_pair_working_set
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
-from cost_models.optimizer import resolve_optimizer
+from cost_models.optimizer import op_optimizer_bytes, optimizer_step_bytes, resolve_optimizer
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 from planner.search.decisions import Decision, Enumerated, Grouped
@@ -41,7 +41,16 @@ from planner.search.held_saved import saved_copies, saved_twice, saved_views
 from planner.search.price_nodes import _out_layout, price_choices, producer_keys, saved_before
 from planner.search.schemes import SchemeError, SchemeUnavailable, expand_schemes, restrict_schemes
 from planner.search.solve import fixing
-from planner.search.solve.problem import Block, HeldLess, HeldSaved, Problem, ProblemEdge, ProblemNode, SharedInput
+from planner.search.solve.problem import (
+    Block,
+    HeldLess,
+    HeldSaved,
+    OptimizerStep,
+    Problem,
+    ProblemEdge,
+    ProblemNode,
+    SharedInput,
+)
 from planner.search.tied import copy_bytes, tied_uses
 from planner.trace.graph import ModelGraph
 
@@ -393,6 +402,22 @@ def block_specs(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped) -> tu
     return pblocks, [k for k in shared.values() if any(k.nbytes)]
 
 
+def optimizer_step(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, bytes_per_param: int | str,
+                   optimizer: str, input_mode: str) -> OptimizerStep:
+    """What the optimizer step holds beside the states, per decision and choice, as the plan counts it
+    (`cost_models.optimizer`: its ops' `op_optimizer_bytes`, summed for foreach, the largest for single-tensor; the
+    caller's inputs fixed): the flat ILP with held rows counts it as a row of its own (`Problem.held_step`)."""
+    summed = optimizer == "foreach"
+    nbytes = []
+    for d in g.decisions.values():
+        per = [[op_optimizer_bytes(optimizer, en.costs[op][idx[c]].param_elems, en.costs[op][idx[c]].largest_param_elems,
+                                   bytes_per_param) for op, idx in zip(d.ops, d.members)] for c in range(len(d.members[0]))]
+        if any(map(any, per)):
+            nbytes.append((d.name, [sum(x) if summed else max(x) for x in per]))
+    inputs = [(n.out.shape, n.out.itemsize) for n in graph.nodes if n.kind == "input"]
+    return OptimizerStep(nbytes, summed, optimizer_step_bytes(optimizer, [], inputs, input_mode, mesh))
+
+
 def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_bytes: int, *,
                   device: str = "cuda", bytes_per_param: int = 16, schemes: frozenset[str] | None = None,
                   checkpointing: bool = True, input_mode: str = "full", optimizer: str | None = None) -> BuiltProblem:
@@ -414,13 +439,14 @@ def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_byt
     # problem's answer counts them (`fixing.prove`)
     small = len(blocks) <= fixing.MAX_BLOCKS
     held, rerun = held_beside(graph, mesh, en, g, checkpointing, device) if small else ([], [])
+    optimizer_held = optimizer_step(graph, mesh, en, g, bytes_per_param, optimizer, input_mode) if small else None
 
     def problems(nodes: list[ProblemNode], step: list[ProblemNode] | None, copies: list[HeldSaved],
                  less: list[HeldLess]) -> tuple[Problem, Problem | None]:
         return tuple(None if ns is None else Problem(ns, pedges, blocks, int(budget_bytes), checkpointing=checkpointing,
                                                      uniform_groups=UNIFORM_GROUPS, shared_inputs=shared,
                                                      held_beside=held, held_saved=copies, held_less=less,
-                                                     held_rerun=rerun)
+                                                     held_rerun=rerun, held_step=optimizer_held)
                      for ns in (nodes, step))
 
     # the copies the problem counting a tensor once leaves out (none counting apart: every decision counts its own),

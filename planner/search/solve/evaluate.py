@@ -123,7 +123,12 @@ def held_peak(ip: IndexedProblem, choice: Sequence[int], checkpointed: Iterable[
     work = max([_block_peak(ip, choice, sets, b) for b in ckpt - ip.held_rerun]
                + [int(t[c]) for t, c in zip(ip.transient_unckpt, choice)]
                + [int(e.unckpt()[choice[e.src], choice[e.dst]]) for e in ip.edges if e.transient is not None])
-    return peak - int(parts["transient_bytes"]) + copies + max(work, held_bytes(ip, choice, ckpt))
+    held = peak - int(parts["transient_bytes"]) + copies + max(work, held_bytes(ip, choice, ckpt))
+    if ip.held_step is None:
+        return held
+    summed, per, fixed = ip.held_step  # the optimizer step beside the states (`Problem.held_step`)
+    step = [int(nbytes[c]) for nbytes, c in zip(per, choice)]
+    return max(held, int(parts["state_bytes"]) + fixed + (sum(step) if summed else max(step, default=0)))
 
 
 def evaluate(

@@ -118,6 +118,9 @@ def restrict(ip: IndexedProblem, keep: list[np.ndarray]) -> IndexedProblem:
     out.held_saved = [(u, v, b[np.ix_(keep[u], keep[v])]) for u, v, b in ip.held_saved]
     out.held_less = [(v, b[keep[v]], [[(u, m[keep[u]]) for u, m in clause] for clause in where])
                      for v, b, where in ip.held_less]
+    if ip.held_step is not None:
+        summed, per, fixed = ip.held_step
+        out.held_step = (summed, [b[k] for b, k in zip(per, keep)], fixed)
     return out
 
 

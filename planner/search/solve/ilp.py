@@ -328,6 +328,8 @@ def build_flat(ip: IndexedProblem, mode: str, budget: int | None,
     if held:
         _held_rows(b, ip, s, lands, allowed, flags)
     model = b.finish(mode, budget)
+    if held and budget is not None and ip.held_step is not None:
+        _step_row(b, ip, s, budget)
 
     def extract(x: np.ndarray) -> tuple[list[int], list[int]]:
         choice = [0 if len(ind) == 1 and ind[0] == ONE else int(np.argmax(x[ind])) for ind in s]
@@ -453,6 +455,25 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
                                  breaks))
             most += float(nbytes.max())
         b.tops.append((expr, most))
+
+
+def _step_row(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], budget: int) -> None:
+    """The optimizer step's row (`Problem.held_step`): states + what the step holds beside them <= budget, all the
+    nodes' bytes at once (foreach) or the largest (single-tensor: a variable at least each node's)."""
+    summed, per, fixed = ip.held_step
+    expr = LinExpr()
+    for v in range(ip.n):
+        expr.add(s[v], (ip.state[v] + (per[v] if summed else 0)).astype(float))
+    if not summed:
+        most = int(b.model.add_vars(1, ub=np.inf)[0])
+        for v in range(ip.n):
+            row = LinExpr()
+            row.add(np.array([most]), 1.0)
+            row.add(s[v], -per[v].astype(float))
+            b.add_expr_row(row, lo=0.0)
+        expr.add(np.array([most]), 1.0)
+    idx, val = expr.arrays()
+    b.model.add_row(idx, val / b.unit, hi=(budget + 0.5 - fixed - expr.const) / b.unit)
 
 
 def flat_size(ip: IndexedProblem) -> int:

@@ -288,7 +288,7 @@ class IndexedProblem:
     def has_held(self) -> bool:
         """Whether the problem has rows the flat ILP counts only with `held=True` (`Problem.held_beside`,
         `held_saved`, `held_less`)."""
-        return bool(self.held or self.held_saved or self.held_less)
+        return bool(self.held or self.held_saved or self.held_less or self.held_step is not None)
 
     def _choice_bytes(self, values: Sequence[int], v: int, what: str, signed: bool = False) -> np.ndarray:
         """Bytes per choice of node v, checked (`what` names them in the error; `signed`: a difference, may be < 0)."""
@@ -322,6 +322,15 @@ class IndexedProblem:
                 clauses.append(checked)
             # taken off under clauses: the ILP counts it down to a product, exact for bytes >= 0 only
             self.held_less.append((v, self._choice_bytes(h.nbytes, v, label, signed=not clauses), clauses))
+        # the optimizer step (`Problem.held_step`): (summed, per node its bytes per choice, fixed bytes)
+        step = self.problem.held_step
+        self.held_step: tuple[bool, list[np.ndarray], int] | None = None
+        if step is not None:
+            per = [np.zeros(n, dtype=np.int64) for n in self.sizes]
+            for name, nbytes in step.nbytes:
+                v = self._node(name, "held_step")
+                per[v] = self._choice_bytes(nbytes, v, f"held_step bytes of {name!r}")
+            self.held_step = (step.summed, per, int(step.fixed))
 
     def _pair_bytes(self, given: list[tuple[str, str, list[list[int]]]], where: str, signed: bool = False
                     ) -> list[tuple[int, int, np.ndarray]]:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "HeldBeside", "HeldLess", "HeldSaved", "Problem", "Solution", "GAP_TOLERANCE", "NOT_PROVEN", "relative_gap"]
+__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "HeldBeside", "HeldLess", "HeldSaved", "OptimizerStep", "Problem", "Solution", "GAP_TOLERANCE", "NOT_PROVEN", "relative_gap"]
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,19 @@ class HeldLess:
 
 
 @dataclass
+class OptimizerStep:
+    """What the optimizer step holds beside the model states, which the plan's bound counts as states + the larger
+    of (activations + transient) and this (`Predicted.bound_bytes`): per node, bytes per choice (`nbytes`: its ops'
+    `cost_models.optimizer.op_optimizer_bytes`), all of them at once (`summed`: foreach) or the largest
+    (single-tensor), plus `fixed` (the caller's inputs, `optimizer_step_bytes`). The flat ILP with held rows counts
+    it as a row of its own; the formulas count it beside the activations (the step problem, on the safe side)."""
+
+    nbytes: list[tuple[str, list[int]]]
+    summed: bool
+    fixed: int = 0
+
+
+@dataclass
 class Problem:
     nodes: list[ProblemNode]
     edges: list[ProblemEdge]
@@ -198,6 +211,8 @@ class Problem:
     # blocks whose forward re-run `held_beside` counts (`planner.search.held_recompute`): with the held rows, the flat
     # ILP counts those rows there instead of the formulas' recompute rows, which can count more than the plan
     held_rerun: list[str] = field(default_factory=list)
+    # the optimizer step beside the states (`OptimizerStep`): a row of the flat ILP with held rows
+    held_step: OptimizerStep | None = None
 
 
 GAP_TOLERANCE = 1e-4  # relative gap at which an answer counts as optimal
