@@ -201,13 +201,13 @@ def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name:
 def held_exact(problem: Problem, budget: int, start: Solution, name: str, deadline: float) -> Solution | None:
     """The flat ILP with held rows (`build_flat(held=True)`) over every option at `budget`, started from `start`
     (an answer the plan's accounting fits, with no bound: the least-memory plan at the smallest budget), where the
-    problem is small (at most `fixing.MAX_BLOCKS` blocks, held rows, EXACT_FLAT_PAIRS_MANY pairs); None elsewhere.
+    problem is small (at most `fixing.MAX_BLOCKS` blocks, held rows, EXACT_FLAT_PAIRS pairs); None elsewhere.
     The held rows count no more than the plan's accounting, so its optimum bounds every answer the plan fits and
     its answer, where the plan fits it, is the mesh's optimum (mlp on 2x2x2 at its smallest budget, 178,728 B,
     where the optimizer step binds: 0.5753 ms without a bound -> 0.3609 ms proven). PROVE_WORK at most."""
     ip = IndexedProblem(problem)
     ip.budget = budget
-    if not (ip.has_held and fixing.applies(ip) and flat_pairs(ip) <= EXACT_FLAT_PAIRS_MANY and start.choice):
+    if not (ip.has_held and fixing.applies(ip) and flat_pairs(ip) <= EXACT_FLAT_PAIRS and start.choice):
         return None
     began = time.perf_counter()
     built = build_flat(ip, "time", budget, held=True)
