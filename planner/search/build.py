@@ -32,7 +32,7 @@ from cost_models.layout import Layout
 from cost_models.memory import conversion_pair_working_set
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
-from cost_models.optimizer import op_optimizer_bytes, optimizer_step_bytes, resolve_optimizer
+from cost_models.optimizer import op_optimizer_bytes, optimizer_step_bytes, resolve_optimizer, step_optimizer_bytes
 from cost_models.strategies import StrategyError, enumerate_strategies, mark_graph_hints, op_costs, op_signature
 from cost_models.strategy import OpCost, SavedTensor, Strategy
 from planner.search.decisions import Decision, Enumerated, Grouped
@@ -405,17 +405,18 @@ def block_specs(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped) -> tu
 def optimizer_step(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, bytes_per_param: int | str,
                    optimizer: str, input_mode: str) -> OptimizerStep:
     """What the optimizer step holds beside the states, per decision and choice, as the plan counts it
-    (`cost_models.optimizer`: its ops' `op_optimizer_bytes`, summed for foreach, the largest for single-tensor; the
-    caller's inputs fixed): the flat ILP with held rows counts it as a row of its own (`Problem.held_step`)."""
-    summed = optimizer == "foreach"
+    (`cost_models.optimizer`: its ops' `op_optimizer_bytes` taken together by `step_optimizer_bytes`; the caller's
+    inputs fixed): the flat ILP with held rows counts it as a row of its own (`Problem.held_step`)."""
     nbytes = []
     for d in g.decisions.values():
-        per = [[op_optimizer_bytes(optimizer, en.costs[op][idx[c]].param_elems, en.costs[op][idx[c]].largest_param_elems,
-                                   bytes_per_param) for op, idx in zip(d.ops, d.members)] for c in range(len(d.members[0]))]
-        if any(map(any, per)):
-            nbytes.append((d.name, [sum(x) if summed else max(x) for x in per]))
+        per = [step_optimizer_bytes(optimizer, [op_optimizer_bytes(optimizer, en.costs[op][idx[c]].param_elems,
+                                                                   en.costs[op][idx[c]].largest_param_elems,
+                                                                   bytes_per_param) for op, idx in zip(d.ops, d.members)])
+               for c in range(len(d.members[0]))]
+        if any(per):
+            nbytes.append((d.name, per))
     inputs = [(n.out.shape, n.out.itemsize) for n in graph.nodes if n.kind == "input"]
-    return OptimizerStep(nbytes, summed, optimizer_step_bytes(optimizer, [], inputs, input_mode, mesh))
+    return OptimizerStep(nbytes, optimizer == "foreach", optimizer_step_bytes(optimizer, [], inputs, input_mode, mesh))
 
 
 def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_bytes: int, *,

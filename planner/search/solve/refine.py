@@ -218,13 +218,11 @@ def held_exact(problem: Problem, budget: int, start: Solution, name: str, deadli
         return None
     picked, blocks = built.extract(res.x)
     time_s = evaluate_indexed(ip, picked, blocks)[0]
-    bound = res.bound / built.scale if res.status == "optimal" or math.isfinite(res.bound) else float("nan")
+    bound = time_s if res.status == "optimal" else res.bound / built.scale if math.isfinite(res.bound) else math.nan
     out = Solution(status="feasible", choice=dict(zip(ip.names, picked)), checkpointed=[ip.block_names[b] for b in blocks],
                    objective=time_s, gap=float("nan"), seconds=time.perf_counter() - began, solver=resolve_solver(name),
                    peak_bytes=held_peak(ip, picked, blocks), method="held flat ILP",
                    message="the flat ILP counting the held rows and the optimizer step over every option")
-    if res.status == "optimal":
-        bound = time_s
     out.raise_bound(bound, GAP_TOLERANCE)
     return out
 
