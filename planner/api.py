@@ -19,7 +19,7 @@ from cost_models.optimizer import resolve_optimizer
 from planner.apply.applicable import check_applicable
 from planner.plans.assemble import assemble_plan
 from planner.plans.format import INPUT_MODES, Plan
-from planner.plans.meshes import MeshResult, narrow_least, plan_mesh, use_room
+from planner.plans.meshes import MeshResult, narrow_least, plan_mesh, room_to_use, use_room
 from planner.plans.workers import plan_meshes
 from planner.search.build import BuiltProblem, SchemeError, build_problem, expand_schemes
 from planner.search.solve import Solution, SolverError
@@ -189,9 +189,21 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
                                      checkpointing=checkpointing, input_mode=inputs, optimizer=optimizer)
         return built[m]
 
-    results = plan_meshes(mesh_list, lambda m, beaten: plan_mesh(m, build, assemble, budget_bytes, solver=solver,
-                                                                 time_limit=time_limit, beaten=beaten, prove=prove),
-                          time_limit=time_limit, progress=progress, workers=workers)
+    def first(m: Mesh, beaten: Callable[[float], bool]) -> MeshResult:
+        out = plan_mesh(m, build, assemble, budget_bytes, solver=solver, time_limit=time_limit, beaten=beaten,
+                        prove=prove)
+        if m in built and room_to_use(out, budget_bytes, prove, len(graph.blocks)) is not None:
+            # `use_room` may plan this mesh again in this process: from a worker process, its problem comes back
+            # with its result (`narrow_least` runs in workers again, where building costs no more than sending:
+            # GPT-3 175B's 4x4x4 problem is 66 MB, 1.5 s to pickle and load)
+            out.built = built[m]
+        return out
+
+    results = plan_meshes(mesh_list, first, time_limit=time_limit, progress=progress, workers=workers)
+    for r in results:
+        if r.built is not None:
+            built.setdefault(r.mesh, r.built)
+            r.built = None
     unavailable = [f"mesh {r.mesh}: {r.unavailable}" for r in results if r.unavailable]
     best = _fastest(results)
     # No plan anywhere: look below the least-memory plans' bounds, on the meshes whose solver's least peak

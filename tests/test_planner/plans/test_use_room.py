@@ -34,6 +34,31 @@ def test_the_room_left_by_the_formulas_buys_a_faster_plan(monkeypatch) -> None:
     assert "loosened" in roomy.solver.message and "loosened" not in first.solver.message  # and says so
 
 
+def test_a_worker_sends_back_the_problem_the_planning_process_solves_again(monkeypatch) -> None:
+    """With meshes planned in worker processes, the winner's `use_room` re-solve runs in the planning process: the
+    worker sends its built problem back with its result (`MeshResult.built`), so that process builds nothing, and
+    the plan is the one planned in one process."""
+    import planner.api as api
+
+    ex = build("hf-bert")
+    graph = capture(ex.model, ex.example_inputs, name="hf-bert")
+    budget = parse_bytes("4MiB")
+    built: list[tuple[int, ...]] = []
+    real = api.build_problem
+
+    def counted(graph, mesh, *args, **kwargs):
+        built.append(mesh.shape)  # in this process only: a forked worker's calls land in its own copy
+        return real(graph, mesh, *args, **kwargs)
+
+    monkeypatch.setattr(api, "build_problem", counted)
+    apart = plan(graph, budget, world_size=8, hardware="cpu-gloo", meshes=["2x2x2", "8"], workers=2)
+    assert built == [] and "loosened" in apart.solver.message  # `use_room` re-solved 2x2x2 here
+    alone = plan(graph, budget, world_size=8, hardware="cpu-gloo", meshes=["2x2x2", "8"], workers=1)
+    assert built == [(2, 2, 2), (8,)]
+    apart.solver.seconds = alone.solver.seconds = 0.0
+    assert apart.to_json() == alone.to_json()
+
+
 def test_a_proven_answer_is_solved_again_only_for_a_small_model() -> None:
     """An answer proven within 1 % of the formulas' optimum: solved again with the room its formulas count
     beyond its plan (over 1 % of the budget) only for a model of at most four repeated blocks (cheap there, and
