@@ -25,7 +25,7 @@ from cost_models.mesh import Mesh
 from planner.plans.assemble import solver_info
 from planner.plans.format import Plan
 from planner.search.build import BuiltProblem, SchemeUnavailable
-from planner.search.solve import Problem, Solution, evaluate, solve
+from planner.search.solve import Problem, Solution, evaluate, fastest_bound, solve
 from planner.search.solve.min_budget import SolveMemo
 from planner.search.solve.problem import GAP_TOLERANCE
 from planner.search.solve.refine import held_exact
@@ -219,7 +219,10 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
             return MeshResult(mesh, account.plan(exact), exact.objective, answer=exact, apart=account.apart)
         if exact is not None:
             least.raise_bound(min(exact.bound, least.objective), GAP_TOLERANCE)
-            found = account.plan(least)
+        if not math.isfinite(least.bound):  # no plan is faster than the fastest assignment, memory aside
+            least.raise_bound(fastest_bound(account.problem, solver), GAP_TOLERANCE)
+            least.message += "; lower bound: the fastest assignment, whatever its memory"
+        found = account.plan(least)
         if beaten is not None and beaten(least.objective):  # the least-memory plan is an answer too
             return MeshResult(mesh, beaten=True)
         return MeshResult(mesh, found, least.objective)

@@ -56,7 +56,8 @@ from planner.search.solve.two_level import TwoLevel
 __all__ = [
     "AUTO_FLAT_LIMIT", "EXACT_FLAT_PAIRS", "EXACT_GAP", "EXACT_WORK", "FIT_ROUNDS", "METHODS", "PROGRESS_DELAY_S",
     "PROVE_WORK", "RETRY_SHRINK", "Block", "Choice", "FrontierTooLarge", "NotDecomposable", "Problem", "ProblemEdge",
-    "ProblemError", "ProblemNode", "SharedInput", "Solution", "SolverError", "brute_force", "evaluate", "solve",
+    "ProblemError", "ProblemNode", "SharedInput", "Solution", "SolverError", "brute_force", "evaluate", "fastest_bound",
+    "solve",
 ]
 
 log = logging.getLogger(__name__)
@@ -405,3 +406,15 @@ def _priced_search(ip: IndexedProblem, dec: Decomposition | None, beaten: Callab
     if sol.status in ("optimal", "feasible") and not (search.stopped or search.dominated) and math.isinf(deadline):
         memo.last = (key, search, copy.copy(sol))  # (as found: the rounds change the answer they return)
     return search, sol
+
+
+_NO_BUDGET = 1 << 50  # a per-rank budget (1 PiB) every assignment fits: `fastest_bound`
+
+
+def fastest_bound(problem: Problem, solver: str = "highs") -> float:
+    """A lower bound on the time of every assignment, whatever memory it takes: the fastest assignment's (solved
+    without a budget to speak of; -inf where that solve proves nothing). The bound a least-memory plan reports:
+    the plan's accounting fits it where the formulas do not, so their bounds do not hold for it, and no other
+    is known (GPT-3 175B on 8 ranks at its smallest budget)."""
+    fastest = solve(problem, budget=_NO_BUDGET, solver=solver)
+    return fastest.bound if fastest.status == "optimal" and math.isfinite(fastest.bound) else -math.inf

@@ -332,6 +332,25 @@ def test_at_the_mlps_smallest_budget_the_held_flat_ilp_finds_a_plan_that_fits_an
     assert p.solver.status == "optimal"
 
 
+def test_a_least_memory_plan_with_no_bound_of_its_own_reports_the_fastest_assignments(monkeypatch) -> None:
+    """Where the held flat ILP does not run (over four blocks or EXACT_FLAT_PAIRS: GPT-3 175B on 8 ranks, HF GPT-2
+    on 64, at their smallest budgets), the least-memory plan had no bound (gap NaN); no plan is faster than the
+    fastest assignment, memory aside (`solve.fastest_bound`), which it now reports. The built-in MLP on 8 ranks at
+    its smallest budget with the held ILP left out: 0.5753 ms, bounded by 2x2x2's fastest plan."""
+    from planner import plan
+    from planner.plans import meshes
+
+    monkeypatch.setattr(meshes, "held_exact", lambda *args, **kwargs: None)
+    ex = get_example("mlp")
+    graph = capture(ex.model, ex.example_inputs, name="mlp")
+    p = plan(graph, 178_728, world_size=8, hardware="a100-80gb", workers=1)
+    assert p.solver.status == "feasible" and 0 < p.solver.gap < 1 and "fastest assignment" in p.solver.message
+    fastest = plan(graph, 1 << 40, world_size=8, hardware="a100-80gb", workers=1, meshes=[p.mesh])
+    assert fastest.solver.status == "optimal"
+    assert p.solver.bound == pytest.approx(fastest.solver.objective, rel=1e-5)  # (its priced bound, within 1e-6)
+    assert p.solver.bound <= fastest.solver.objective
+
+
 @pytest.mark.parametrize(("name", "samples", "least"), [("hf-gpt2", 16, 13), ("hf-llama", 24, 10)])
 def test_at_the_recomputation_the_rows_count_what_the_plan_counts(name: str, samples: int, least: int) -> None:
     """hf-gpt2 (the built-in, transformers' GPT-2) and zoo HF LLaMA on 2x2x2, every block checkpointed, random

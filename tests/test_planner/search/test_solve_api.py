@@ -193,3 +193,15 @@ def test_an_ilp_answer_over_the_budget_is_solved_again_tighter(monkeypatch: pyte
         assert "budget tightened by" in sol.message or "least-memory assignment" in sol.message, seed
         assert sol.objective >= ref.objective * (1 - 1e-9), seed
     assert seen >= 3
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_fastest_bound_is_the_fastest_assignments_time_whatever_its_memory(seed: int) -> None:
+    """`fastest_bound`: the least time over every assignment (brute force), whatever the problem's budget fits."""
+    from planner.search.solve import fastest_bound
+
+    problem = repeated_blocks(np.random.default_rng(300 + seed), n_blocks=2, block_nodes=3, choices=3,
+                              residual=seed % 2 == 0, budget_fraction=0.3)
+    least = min(time_s for _, _, time_s, _, _ in every_assignment(IndexedProblem(problem)))
+    assert fastest_bound(problem) == pytest.approx(least, rel=1e-6)
+    assert fastest_bound(problem) <= least * (1 + 1e-12)  # a bound: never above it (but for float noise)
