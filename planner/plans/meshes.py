@@ -219,8 +219,9 @@ def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Calla
             return MeshResult(mesh, account.plan(exact), exact.objective, answer=exact, apart=account.apart)
         if exact is not None:
             least.raise_bound(min(exact.bound, least.objective), GAP_TOLERANCE)
-        if not math.isfinite(least.bound):  # no plan is faster than the fastest assignment, memory aside
-            least.raise_bound(fastest_bound(account.problem, solver), GAP_TOLERANCE)
+        fastest = -math.inf if math.isfinite(least.bound) else fastest_bound(account.problem, solver)
+        if math.isfinite(fastest):  # no plan is faster than the fastest assignment, memory aside
+            least.raise_bound(fastest, GAP_TOLERANCE)
             least.message += "; lower bound: the fastest assignment, whatever its memory"
         found = account.plan(least)
         if beaten is not None and beaten(least.objective):  # the least-memory plan is an answer too
