@@ -328,8 +328,7 @@ def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: Har
     acts = sum(a.cost.saved_bytes for a in assignments)
     # The optimizer step holds its temporaries and the caller's inputs beside every state (and nothing the
     # backward saved): the bound is states + the larger of (activations + transient) and that.
-    step_bytes = optimizer_step_bytes(optimizer, (a.cost.optimizer_bytes for a in assignments),
-                                      [(n.out.shape, n.out.itemsize) for n in graph.nodes if n.kind == "input"],
+    step_bytes = optimizer_step_bytes(optimizer, (a.cost.optimizer_bytes for a in assignments), graph.input_sizes(),
                                       input_mode, mesh)
     trans = max((a.cost.transient_bytes for a in assignments), default=0)
     compute = sum(a.cost.compute_s for a in assignments)

@@ -415,8 +415,8 @@ def optimizer_step(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, by
                for c in range(len(d.members[0]))]
         if any(per):
             nbytes.append((d.name, per))
-    inputs = [(n.out.shape, n.out.itemsize) for n in graph.nodes if n.kind == "input"]
-    return OptimizerStep(nbytes, optimizer == "foreach", optimizer_step_bytes(optimizer, [], inputs, input_mode, mesh))
+    fixed = optimizer_step_bytes(optimizer, [], graph.input_sizes(), input_mode, mesh)
+    return OptimizerStep(nbytes, optimizer == "foreach", fixed)
 
 
 def build_problem(graph: ModelGraph, mesh: Mesh, hw: HardwareProfile, budget_bytes: int, *,

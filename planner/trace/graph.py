@@ -87,6 +87,11 @@ class ModelGraph:
         """Ops whose outputs `name` reads, in the order of its inputs (each once)."""
         return [self.node(p) for p in dict.fromkeys(self.node(name).inputs)]
 
+    def input_sizes(self) -> list[tuple[tuple[int, ...], int]]:
+        """(shape, itemsize) of each input the caller passes: what the optimizer step holds beside the states
+        (`cost_models.optimizer.optimizer_step_bytes`), for the plan's bound and the solver's row alike."""
+        return [(tuple(n.out.shape), n.out.itemsize) for n in self.nodes if n.kind == "input"]
+
     def block(self, name: str) -> BlockInfo:
         """The block called `name`."""
         for b in self.blocks:
