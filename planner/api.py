@@ -20,7 +20,7 @@ from planner.apply.applicable import check_applicable
 from planner.plans.assemble import assemble_plan
 from planner.plans.format import INPUT_MODES, Plan
 from planner.plans.meshes import MeshResult, narrow_least, plan_mesh, room_to_use, use_room
-from planner.plans.workers import plan_meshes
+from planner.plans.workers import Incumbent, plan_meshes
 from planner.search.build import BuiltProblem, SchemeError, build_problem, expand_schemes
 from planner.search.solve import Solution, SolverError
 from planner.trace.graph import ModelGraph
@@ -189,9 +189,9 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
                                      checkpointing=checkpointing, input_mode=inputs, optimizer=optimizer)
         return built[m]
 
-    def first(m: Mesh, beaten: Callable[[float], bool]) -> MeshResult:
-        out = plan_mesh(m, build, assemble, budget_bytes, solver=solver, time_limit=time_limit, beaten=beaten,
-                        prove=prove)
+    def first(m: Mesh, incumbent: Incumbent) -> MeshResult:
+        out = plan_mesh(m, build, assemble, budget_bytes, solver=solver, time_limit=time_limit,
+                        beaten=incumbent.beaten, found=incumbent.found, prove=prove)
         if m in built and room_to_use(out, budget_bytes, prove, len(graph.blocks)) is not None:
             # `use_room` may plan this mesh again in this process: from a worker process, its problem comes back
             # with its result (`narrow_least` runs in workers again, where building costs no more than sending:

@@ -87,8 +87,8 @@ class _PlanAccount:
     the solves of one mesh's problem measured by it (`solve`)."""
 
     def __init__(self, built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution], Plan],
-                 apart: bool = False) -> None:
-        self.built, self.assemble = built, assemble
+                 apart: bool = False, found: Callable[[float], None] | None = None) -> None:
+        self.built, self.assemble, self.found = built, assemble, found
         # the problem solved: the mesh's, or (apart, and always for more than _ONCE_BLOCKS blocks) the one with
         # every decision counting what it saves
         self.apart = (apart or len(built.problem.blocks) > _ONCE_BLOCKS) and built.apart is not None
@@ -113,6 +113,8 @@ class _PlanAccount:
         plan = self.assemble(self.built, sol)
         self.last = (sol, plan)
         bound = plan.predicted.bound_bytes
+        if self.found is not None and self.budget is not None and bound <= self.budget:
+            self.found(sol.objective)  # a plan that fits: the mesh's is no slower (`plan_mesh`'s `found`)
         if (self.budget is not None and bound > self.budget and self.built.apart is not None
                 and not self.apart and not self.undercounted):
             self.undercounted = self._short(sol)
@@ -144,18 +146,21 @@ class _PlanAccount:
 def plan_mesh(mesh: Mesh, build: Callable[[Mesh], BuiltProblem], assemble: Callable[[BuiltProblem, Solution], Plan],
               budget: int, *, solver: str, time_limit: float | None = None,
               beaten: Callable[[float], bool] | None = None, loosen: int = 0, prove: bool = False,
-              known: Solution | None = None, apart: bool = False) -> MeshResult:
+              known: Solution | None = None, apart: bool = False,
+              found: Callable[[float], None] | None = None) -> MeshResult:
     """Build, solve and assemble one mesh (see the module docstring); `beaten`: `Incumbent.beaten` of the
     meshes planned beside this one (None: plan this mesh to the end); `loosen`: bytes the formulas are
     known to count beyond the plan's accounting here (`solve`'s, for the first solve; `use_room`); `prove`:
     `solve`'s (the exact flat ILP over the options that can beat an unproven answer); `known`: `solve`'s, for the
     first solve (an answer known to fit the budget: `use_room`'s plan at it); `apart`: solve the problem
-    counting saved tensors apart (`BuiltProblem.apart`; `use_room`, for an answer of that problem)."""
+    counting saved tensors apart (`BuiltProblem.apart`; `use_room`, for an answer of that problem); `found(seconds)`:
+    told the step time of every answer of the first solve whose plan fits `budget` (`Incumbent.found`), as soon as
+    it is measured: the plan returned is no slower (a solve keeps a later answer only where it is faster and fits)."""
     try:
         built = build(mesh)
     except SchemeUnavailable as e:
         return MeshResult(mesh, unavailable=str(e))
-    account = _PlanAccount(built, assemble, apart=apart)
+    account = _PlanAccount(built, assemble, apart=apart, found=found)
 
     def fit(cap: int, loosen: int = 0, known: Solution | None = None, stop: Callable[[float], bool] | None = beaten
             ) -> Solution:
