@@ -332,6 +332,21 @@ def test_at_the_mlps_smallest_budget_the_held_flat_ilp_finds_a_plan_that_fits_an
     assert p.solver.status == "optimal"
 
 
+def test_a_held_answer_the_plan_refuses_is_sought_again_under_a_tightened_budget() -> None:
+    """gpt-tiny on 8 ranks at its smallest budget (453,392 B), mesh (8,): the held flat ILP's optimum (1.7195 ms,
+    the plan's lower bound) is 22,640 B over by the plan's accounting, and the least-memory plan (2.6960 ms) was
+    kept. The same ILP under the budget tightened by that finds 2.1002 ms, which the plan fits (`meshes._held_fitting`);
+    the bound stays the one at the budget."""
+    from planner import plan
+
+    ex = get_example("gpt-tiny")
+    graph = capture(ex.model, ex.example_inputs, name="gpt-tiny")
+    p = plan(graph, 453_392, world_size=8, hardware="a100-80gb", workers=1, meshes=["8"])
+    assert p.predicted.bound_bytes <= 453_392
+    assert p.predicted.step_time_s * 1e3 == pytest.approx(2.1002, abs=1e-4)
+    assert p.solver.status == "feasible" and p.solver.bound * 1e3 == pytest.approx(1.7195, abs=1e-4)
+
+
 def test_a_least_memory_plan_with_no_bound_of_its_own_reports_the_fastest_assignments(monkeypatch) -> None:
     """Where the held flat ILP does not run (over four blocks or EXACT_FLAT_PAIRS: GPT-3 175B on 8 ranks, HF GPT-2
     on 64, at their smallest budgets), the least-memory plan had no bound (gap NaN); no plan is faster than the
