@@ -191,7 +191,7 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
 
     def first(m: Mesh, incumbent: Incumbent) -> MeshResult:
         out = plan_mesh(m, build, assemble, budget_bytes, solver=solver, time_limit=time_limit,
-                        beaten=incumbent.beaten, found=incumbent.found, prove=prove)
+                        beaten=incumbent.beaten, tell=incumbent.found, prove=prove)
         if m in built and room_to_use(out, budget_bytes, prove, len(graph.blocks)) is not None:
             # `use_room` may plan this mesh again in this process: from a worker process, its problem comes back
             # with its result (`narrow_least` runs in workers again, where building costs no more than sending:

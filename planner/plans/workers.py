@@ -35,7 +35,7 @@ class Incumbent:
     """The fastest step time (seconds) of a plan that fits found so far on any mesh, in shared memory that
     forked workers read and lower. `beaten(bound)`: is that plan faster than every plan a mesh whose
     lower bound is `bound` could give (`meshes.beats`)? `found(seconds)`: a mesh's solve found an answer whose
-    plan fits, of that step time, before it ends (`plan_mesh`'s `found`): the mesh's plan is no slower, so the
+    plan fits, of that step time, before it ends (`plan_mesh`'s `tell`): the mesh's plan is no slower, so the
     other meshes may be stopped by it at once rather than once that mesh is done (HF LLaMA, 64 ranks, 2x its
     smallest budget, two workers: 8x8 stopped 3 s in instead of 8.7 s, CPU 23.8 -> 17.4 s, wall 13.3 -> 12.1 s; the
     4x4x4 mesh, which wins, takes 9.8 s of it alone)."""
@@ -60,7 +60,7 @@ def _cost_rank(mesh: Mesh) -> int:
     return -len(mesh.shape)
 
 
-Job = Callable[[Mesh, Incumbent], MeshResult]  # job(mesh, incumbent): see plan_mesh's `beaten` and `found`
+Job = Callable[[Mesh, Incumbent], MeshResult]  # job(mesh, incumbent): see plan_mesh's `beaten` and `tell`
 
 
 def plan_meshes(meshes: list[Mesh], job: Job, *, time_limit: float | None = None,
