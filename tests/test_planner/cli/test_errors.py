@@ -82,7 +82,7 @@ def test_a_user_error_is_still_one_error_line(tmp_path: Path, capsys: pytest.Cap
     assert err.startswith("error: ") and err.count("\n") == 1
 
 
-def _explode_in_a_worker(mesh: Mesh, beaten: object) -> MeshResult:
+def _explode_in_a_worker(mesh: Mesh, incumbent: object) -> MeshResult:
     if mesh.shape == (2, 2):
         (1, 2)[5]  # the IndexError of issue 14 (`build._join_producer`), here in a function of our own
     return MeshResult(mesh)
