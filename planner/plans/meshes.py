@@ -256,15 +256,13 @@ def _held_fitting(account: _PlanAccount, budget: int, least: Solution, solver: s
     last tightening; _HELD_ROUNDS solves in all) until an answer fits, unproven (a tightened ILP's bound holds at
     its own budget only). gpt-tiny, 8 ranks, at its smallest budget: the held ILP's 1.7195 ms is 22,640 B over by
     the plan's accounting; tightened by that, 2.1002 ms fits, against the least-memory plan's 2.6960 ms."""
-    exact = held_exact(account.problem, budget, least, solver, deadline)
-    if exact is None:
-        return math.nan, None
-    bound, shrink = exact.bound, 0
+    bound, shrink = math.nan, 0
     for tightened in range(_HELD_ROUNDS):
-        if tightened:
-            exact = held_exact(account.problem, budget - shrink, least, solver, deadline)
-            if exact is None:
-                break
+        exact = held_exact(account.problem, budget - shrink, least, solver, deadline)
+        if exact is None:
+            break
+        if not tightened:
+            bound = exact.bound
         used = account(exact)
         if used <= budget:
             if tightened:
