@@ -242,6 +242,9 @@ class Solution:
     method: str = ""
     message: str = ""
     bound: float = float("nan")  # a proven lower bound on the optimum (seconds); NaN when none is known
+    # proven optimal by the flat ILP counting the held rows (which count no more than the plan's accounting) at the
+    # budget the plan is judged by, or a looser one: no answer that accounting fits is faster (`refine._fixed`)
+    held_proven: bool = False
 
     @classmethod
     def beaten_by_elsewhere(cls, bound: float, seconds: float, **fields: str) -> Solution:
@@ -271,7 +274,7 @@ class Solution:
         the gap opens past `tolerance`; `why` says so in the message."""
         if not math.isfinite(bound) or self.bound <= bound or self.status not in ("optimal", "feasible"):
             return
-        self.bound = bound
+        self.bound, self.held_proven = bound, False
         self.gap = relative_gap(self.objective, bound)
         if self.gap > tolerance:
             if self.status == "optimal":  # its note said what proved it, for its own problem

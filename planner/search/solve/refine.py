@@ -165,6 +165,9 @@ def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name:
             break
         proved, (excess, beyond) = again, _judged(ip, exact, again, over)
         if excess <= 0:
+            # the held rows count no more than the plan: proven at the budget it is judged by (or a looser one),
+            # no answer the plan fits is faster (`meshes.use_room` has nothing to look for)
+            proved.held_proven = held and proved.status == "optimal" and (at is None or ip.budget >= at)
             return proved
     if proved is None:
         return out
