@@ -98,3 +98,53 @@ def test_a_proven_answer_is_solved_again_only_for_a_small_model() -> None:
     # ... where that ILP is of the problem counting saved tensors once: the one counting apart counts more than the plan
     assert meshes.use_room(proven(70_000, held=True, apart=True), budget, job, blocks=2) is faster
     assert asked == [60_000, 60_000, 30_000, 70_000]
+
+
+def test_no_second_solve_where_the_held_rows_proved_the_answer_at_the_budget(monkeypatch) -> None:
+    """Tiny HF GPT-NeoX (`bench/hf_tiny.py`'s: hidden 64, 4 heads, eager attention) on 64 ranks, 4x4x4, at 1,423,360 B
+    (1.25x its smallest budget): the flat ILP counting the held rows proves the answer at the budget
+    (`Solution.held_proven`), where the formulas count 17,408 B (1.2 % of the budget) beyond its plan. The held rows
+    count no more than the plan, so the second solve with that room (`use_room`) could only find the same plan, and
+    is not run; forced to run, it finds the same plan."""
+    from transformers import GPTNeoXConfig
+
+    import planner.api as api
+    from planner.models.hf_causal import build_hf_causal_lm
+
+    config = GPTNeoXConfig(attn_implementation="eager", vocab_size=512, hidden_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
+                           hidden_dropout=0.0, attention_dropout=0.0)
+    config._planner_keep_attn = True
+    model, inputs = build_hf_causal_lm(config, batch_size=8, seq_len=32)
+    graph = capture(model, inputs, name="hf-gpt-neox")
+    budget = 1_423_360
+    rooms: list[int | None] = []
+    real = meshes.room_to_use
+
+    def room_to_use(best, budget, *args, force: bool = False):
+        if best.answer is not None and best.answer.held_proven:  # the room it would loosen by without the proof
+            best.answer.held_proven = False
+            rooms.append(real(best, budget, *args))
+            best.answer.held_proven = not force
+        return real(best, budget, *args)
+
+    solves: list[int] = []
+    real_use = api.use_room
+
+    def use_room(best, budget, job, *args, **kwargs):
+        def counted(mesh, room, *rest):
+            solves.append(room)
+            return job(mesh, room, *rest)
+        return real_use(best, budget, counted, *args, **kwargs)
+
+    def plan_it():
+        return plan(graph, budget, world_size=64, hardware="a100-80gb", meshes=["4x4x4"], workers=1)
+
+    monkeypatch.setattr(meshes, "room_to_use", room_to_use)
+    monkeypatch.setattr(api, "use_room", use_room)
+    skipped = plan_it()
+    assert rooms == [17_408] and solves == [] and skipped.solver.status == "optimal"
+    monkeypatch.setattr(meshes, "room_to_use", lambda *a: room_to_use(*a, force=True))
+    forced = plan_it()
+    assert solves == [17_408]  # the second solve ran ...
+    assert forced.predicted.step_time_s == skipped.predicted.step_time_s  # ... and found nothing faster
