@@ -167,7 +167,7 @@ def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name:
         if excess <= 0:
             # the held rows count no more than the plan: proven at the budget it is judged by (or a looser one),
             # no answer the plan fits is faster (`meshes.use_room` has nothing to look for)
-            proved.held_proven = held and proved.status == "optimal" and (at is None or ip.budget >= at)
+            proved.held_proven = held and proved.status == "optimal" and at is not None and ip.budget >= at
             return proved
     if proved is None:
         return out
