@@ -150,7 +150,9 @@ def plan(model: nn.Module | ModelGraph, budget: int | str, *, world_size: int | 
     prove: where a plan is not proven optimal (the priced search's gap), look for the optimum with the exact
         flat ILP over the options that can beat it (`planner.search.solve.fixing`; problems of at most four
         repeated blocks) without the work limit it runs with by default: status "optimal" where that proves
-        it. Seconds to a minute more on the tiny 2-layer models.
+        it. Where it is proven for the solver's memory formulas only (the message says so: they count some
+        assignments above the plan's accounting), prove it as the plan counts (the flat ILP counting the held
+        rows), or find the faster plan that fits and its gap. Seconds to a minute more on the tiny 2-layer models.
     Raises InfeasibleError (with the smallest feasible budget) when nothing fits, and
     `planner.apply.applicable.NotApplicableError` when the best plan is one `apply_plan` could not build
     (checked on meta tensors when `model` is a module; a ModelGraph has no parameters to check with).

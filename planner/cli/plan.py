@@ -42,7 +42,8 @@ PLANNING_ARGS = (
     arg("--prove", action="store_true",
         help="where the plan is not proven optimal, search for the optimum with the exact flat ILP over the "
              "options that can beat it without the work limit it runs with by default (models of at most four "
-             "repeated blocks; seconds to a minute more): the solver status says optimal where that proves it"),
+             "repeated blocks; seconds to a minute more): the solver status says optimal where that proves it; a plan "
+             "proven for the solver's memory formulas only is proven as the plan counts, or a faster one found"),
     arg("--inputs", choices=("full", "sharded"),
         help="how the trained model is called: full (default; every rank passes the whole batch and gets whole "
              "outputs, e.g. logits gathered on every rank) or sharded (each rank its block of the batch, as a "

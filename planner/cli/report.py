@@ -22,6 +22,7 @@ from cost_models.memory import step_peak
 from cost_models.ops import DTYPE_BYTES
 from cost_models.optimizer import optimizer_step_bytes
 from planner.plans.format import Assignment, Plan
+from planner.search.solve.problem import FORMULAS_ONLY
 from planner.units import format_bytes, format_seconds
 
 __all__ = ["Totals", "plan_totals", "check_totals", "scheme_counts", "solver_line", "summary_table", "explain_renderables"]
@@ -92,7 +93,8 @@ def _names(items: list[str], limit: int = 6) -> str:
 
 def solver_line(plan: Plan) -> str:
     """How the solve went, in words: status, seconds, and unless proven optimal the gap to the proven lower
-    bound and why the solver stopped (the plan's solver message)."""
+    bound and why the solver stopped (the plan's solver message); where proven for the solver's formulas only,
+    that (`FORMULAS_ONLY`)."""
     s = plan.solver
     if s.gap is None or math.isnan(s.gap):  # None or NaN: the solver stopped without a bound on the optimum
         gap = ", gap unknown" if s.status == "feasible" else ""
@@ -101,6 +103,8 @@ def solver_line(plan: Plan) -> str:
         if s.status != "optimal" and s.bound is not None:
             gap += f" to the lower bound {format_seconds(s.bound)}"
     note = f" ({s.message})" if s.message and s.status != "optimal" else ""
+    if s.status == "optimal" and FORMULAS_ONLY in s.message:
+        note = f" ({FORMULAS_ONLY})"
     return f"{s.name} {s.status} in {format_seconds(s.seconds)}{gap}{', ' + s.method if s.method else ''}{note}"
 
 

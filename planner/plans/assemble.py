@@ -41,6 +41,7 @@ from planner.plans.recompute import before_recomputation, recomputation_peaks
 from planner.plans.storage import storage_bases
 from planner.search.build import BuiltProblem, _out_layout
 from planner.search.solve import Solution
+from planner.search.solve.problem import FORMULAS_ONLY
 from planner.search.tied import copy_bytes, tied_uses
 from planner.trace.graph import ModelGraph
 
@@ -139,9 +140,14 @@ def _output_working_set(op: OpNode, strat: Strategy, built: BuiltProblem, pick: 
 
 
 def solver_info(sol: Solution) -> SolverInfo:
-    """The plan's solver block: how `sol` was found, its status, gap and bound (None where NaN: unknown)."""
+    """The plan's solver block: how `sol` was found, its status, gap and bound (None where NaN: unknown). An answer
+    proven optimal for the solver's formulas only (not by the held rows at the budget, `Solution.plan_proven`) says
+    so in its message (`FORMULAS_ONLY`): the formulas count some assignments above the plan's accounting."""
     bound = sol.bound if sol.bound == sol.bound else None
-    return SolverInfo(sol.solver, sol.status, sol.objective, sol.gap, sol.seconds, sol.method, bound, sol.message)
+    message = sol.message
+    if sol.status == "optimal" and not sol.plan_proven and FORMULAS_ONLY not in message:
+        message = "; ".join(m for m in (message, FORMULAS_ONLY) if m)
+    return SolverInfo(sol.solver, sol.status, sol.objective, sol.gap, sol.seconds, sol.method, bound, message)
 
 
 def assemble_plan(graph: ModelGraph, built: BuiltProblem, sol: Solution, hw: HardwareProfile, *, budget_bytes: int,

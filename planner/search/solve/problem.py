@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "HeldBeside", "HeldLess", "HeldSaved", "OptimizerStep", "Problem", "Solution", "GAP_TOLERANCE", "NOT_PROVEN", "relative_gap"]
+__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "HeldBeside", "HeldLess", "HeldSaved", "OptimizerStep", "Problem", "Solution", "GAP_TOLERANCE", "FORMULAS_ONLY", "NOT_PROVEN", "relative_gap"]
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,11 @@ class Problem:
 
 GAP_TOLERANCE = 1e-4  # relative gap at which an answer counts as optimal
 NOT_PROVEN = "not proven optimal: the priced search's lower bound stays below it"  # a "feasible" answer's note
+# an "optimal" answer's note where its proof is of the solver's formulas, not of the plan's accounting
+# (`Solution.plan_proven` false): the formulas count some assignments above the plan, so one the plan fits may be faster
+FORMULAS_ONLY = ("proven optimal for the solver's memory formulas, not for the plan's accounting: they count some "
+                 "assignments above it (saved tensors that share a storage, a checkpointed block's recomputation), "
+                 "so a faster plan may fit")
 
 
 @dataclass
@@ -242,9 +247,13 @@ class Solution:
     method: str = ""
     message: str = ""
     bound: float = float("nan")  # a proven lower bound on the optimum (seconds); NaN when none is known
-    # proven optimal by the flat ILP counting the held rows (which count no more than the plan's accounting) at the
-    # budget the plan is judged by, or a looser one: no answer that accounting fits is faster (`refine._fixed`)
-    held_proven: bool = False
+    # proven optimal for the plan's accounting, not only for the formulas (which count some assignments above it): no
+    # plan that fits is faster. By the flat ILP counting the held rows (which count no more than the plan) at the
+    # budget the plan is judged by, or a looser one (`refine._fixed`: over the options the formulas' reduced costs
+    # keep, whose prices count the formulas' bytes, the one caveat left; `meshes._held_fitting`: over every option),
+    # or as the fastest assignment whatever its memory (`meshes._fastest_of_all`). Where false, an "optimal" answer
+    # is so for the formulas only (`FORMULAS_ONLY`)
+    plan_proven: bool = False
 
     @classmethod
     def beaten_by_elsewhere(cls, bound: float, seconds: float, **fields: str) -> Solution:
@@ -274,7 +283,7 @@ class Solution:
         the gap opens past `tolerance`; `why` says so in the message."""
         if not math.isfinite(bound) or self.bound <= bound or self.status not in ("optimal", "feasible"):
             return
-        self.bound, self.held_proven = bound, False
+        self.bound, self.plan_proven = bound, False
         self.gap = relative_gap(self.objective, bound)
         if self.gap > tolerance:
             if self.status == "optimal":  # its note said what proved it, for its own problem

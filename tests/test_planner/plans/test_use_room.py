@@ -84,7 +84,7 @@ def test_a_proven_answer_is_solved_again_only_for_a_small_model() -> None:
 
     def proven(room: int, held: bool = False, apart: bool = False) -> meshes.MeshResult:
         plan = SimpleNamespace(solver=SimpleNamespace(gap=0.0), predicted=SimpleNamespace(bound_bytes=900_000))
-        answer = SimpleNamespace(peak_bytes=900_000 + room, held_proven=held)
+        answer = SimpleNamespace(peak_bytes=900_000 + room, plan_proven=held)
         return meshes.MeshResult(mesh, plan, objective=1.0, answer=answer, apart=apart)
 
     assert meshes.use_room(proven(60_000), budget, job, blocks=2) is faster and asked == [60_000]
@@ -103,7 +103,7 @@ def test_a_proven_answer_is_solved_again_only_for_a_small_model() -> None:
 def test_no_second_solve_where_the_held_rows_proved_the_answer_at_the_budget(monkeypatch) -> None:
     """Tiny HF GPT-NeoX (`bench/hf_tiny.py`'s: hidden 64, 4 heads, eager attention) on 64 ranks, 4x4x4, at 1,423,360 B
     (1.25x its smallest budget): the flat ILP counting the held rows proves the answer at the budget
-    (`Solution.held_proven`), where the formulas count 17,408 B (1.2 % of the budget) beyond its plan. The held rows
+    (`Solution.plan_proven`), where the formulas count 17,408 B (1.2 % of the budget) beyond its plan. The held rows
     count no more than the plan, so the second solve with that room (`use_room`) could only find the same plan, and
     is not run; forced to run, it finds the same plan."""
     from transformers import GPTNeoXConfig
@@ -122,10 +122,10 @@ def test_no_second_solve_where_the_held_rows_proved_the_answer_at_the_budget(mon
     real = meshes.room_to_use
 
     def room_to_use(best, budget, *args, force: bool = False):
-        if best.answer is not None and best.answer.held_proven:  # the room it would loosen by without the proof
-            best.answer.held_proven = False
+        if best.answer is not None and best.answer.plan_proven:  # the room it would loosen by without the proof
+            best.answer.plan_proven = False
             rooms.append(real(best, budget, *args))
-            best.answer.held_proven = not force
+            best.answer.plan_proven = not force
         return real(best, budget, *args)
 
     solves: list[int] = []
