@@ -106,9 +106,11 @@ class _PlanAccount:
         """`solve` of the mesh's problem at `budget` measured by this account, with its step problem (where
         the optimizer step is what an answer does not fit) and the memos every solve of this mesh shares."""
         self.budget = budget
-        return solve(self.problem, budget=budget, account=self, memo=self.memo,
-                     step_problem=self.step_problem, step_binds=self.step_binds, step_memo=self.step_memo,
-                     **options)
+        sol = solve(self.problem, budget=budget, account=self, memo=self.memo,
+                    step_problem=self.step_problem, step_binds=self.step_binds, step_memo=self.step_memo, **options)
+        if self.apart:  # that problem counts more than the plan for some answers: its proofs are not the plan's
+            sol.plan_proven = False
+        return sol
 
     def __call__(self, sol: Solution) -> int:
         plan = self.assemble(self.built, sol)

@@ -280,10 +280,12 @@ class Solution:
         """Take `bound` where it is lower than the bound held (or none is held): the bound of a wider problem,
         whose optimum may lie below this answer's problem's (the problem counting tensors apart restricts the
         one counting them once), is what holds for the answer the user gets. Not proven optimal any more where
-        the gap opens past `tolerance`; `why` says so in the message."""
-        if not math.isfinite(bound) or self.bound <= bound or self.status not in ("optimal", "feasible"):
+        the gap opens past `tolerance`; `why` says so in the message. Not where the answer is proven as the plan
+        counts (`plan_proven`): no plan that fits is faster, whatever a wider problem's bound."""
+        if (not math.isfinite(bound) or self.bound <= bound or self.status not in ("optimal", "feasible")
+                or self.plan_proven):
             return
-        self.bound, self.plan_proven = bound, False
+        self.bound = bound
         self.gap = relative_gap(self.objective, bound)
         if self.gap > tolerance:
             if self.status == "optimal":  # its note said what proved it, for its own problem

@@ -91,3 +91,27 @@ def test_prove_is_never_behind_the_default_plan() -> None:
                           prove=prove) for prove in (False, True))
     assert proven.predicted.step_time_s <= plain.predicted.step_time_s * (1 + 1e-9)
     assert proven.solver.status == "optimal" and FORMULAS_ONLY not in proven.solver.message
+
+
+def test_a_wider_bound_leaves_an_answer_proven_as_the_plan_counts() -> None:
+    """`Solution.widen_to` lowers an answer's bound to a wider problem's (`use_room`, the problem counting apart), and
+    so its status; not where the answer is proven as the plan counts: no plan that fits is faster."""
+    proven, formulas = _answer("optimal", held=True), _answer("optimal", held=False)
+    for sol in (proven, formulas):
+        sol.widen_to(5e-4, 1e-4, "wider")
+    assert (proven.status, proven.bound, proven.plan_proven) == ("optimal", 1e-3, True)
+    assert (formulas.status, formulas.bound) == ("feasible", 5e-4) and "wider" in formulas.message
+
+
+def test_the_held_rows_bound_at_the_budget_proves_a_refused_proofs_answer() -> None:
+    """gpt-tiny on 64 ranks, 4x4x4, at 149,880 B (1.5x its smallest budget): the plan's answer, 2.9380 ms, is proven by
+    the bound of the flat ILP counting the held rows whose own answer the plan refuses (`refine._fixed`), in the solve
+    loosened by 2 KiB (`use_room`): at a budget no tighter than the plan's, so as the plan counts (no note)."""
+    from planner import get_example
+
+    ex = get_example("gpt-tiny")
+    p = plan(capture(ex.model, ex.example_inputs, name="gpt-tiny"), 149_880, world_size=64, hardware="a100-80gb",
+             meshes=["4x4x4"], workers=1)
+    assert math.isclose(p.predicted.step_time_s, 2.9380e-3, rel_tol=1e-4)
+    assert p.solver.status == "optimal" and FORMULAS_ONLY not in p.solver.message
+    assert "does not fit" in p.solver.message  # proven by the bound of a proof whose answer the plan refused
