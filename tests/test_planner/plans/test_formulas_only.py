@@ -115,3 +115,16 @@ def test_the_held_rows_bound_at_the_budget_proves_a_refused_proofs_answer() -> N
     assert math.isclose(p.predicted.step_time_s, 2.9380e-3, rel_tol=1e-4)
     assert p.solver.status == "optimal" and FORMULAS_ONLY not in p.solver.message
     assert "does not fit" in p.solver.message  # proven by the bound of a proof whose answer the plan refused
+
+
+def test_a_bound_closes_a_gap_only_from_below_and_within_the_tolerance() -> None:
+    """`refine._closes`: a held proof's bound proves an answer only where the answer is optimal and the bound lies
+    within GAP_TOLERANCE below its time (a bound above it is none of its problem)."""
+    from planner.search.solve.refine import _closes
+
+    answer = _answer("optimal", held=False)  # 1 ms
+    assert _closes(_answer("optimal", held=True), answer)  # the same bound
+    assert not _closes(Solution(status="feasible", bound=0.99e-3), answer)  # 1 % below: not proven by it
+    assert not _closes(Solution(status="feasible", bound=1.01e-3), answer)  # above its time: not its bound
+    assert not _closes(Solution(status="feasible", bound=float("nan")), answer)
+    assert not _closes(Solution(status="feasible", bound=1e-3), _answer("feasible", held=False))
