@@ -341,7 +341,8 @@ def _once_bound(built: BuiltProblem, assemble: Callable[[BuiltProblem, Solution]
     refinements: its bound is taken as it is (HF LLaMA 64 ranks 2x: the solve from the answer took 3 s for the same
     bound). Where that solve's answer is proven as the plan counts (`Solution.plan_proven`) and `found` is no slower,
     `found` is too (HF BERT 64 ranks 2x: 1.7556 ms; the proofs of the problem counting apart are not the plan's). Also
-    the solve's answer, as a mesh result, where it is faster than `found` and the plan's accounting fits it, else None. `memo`: the first solve's (its priced search, at this budget, is this solve's too)."""
+    the solve's answer, as a mesh result, where it is faster than `found` and the plan's accounting fits it, else
+    None. `memo`: the first solve's (its priced search, at this budget, is this solve's too)."""
     beaten = options.get("beaten")
     if not math.isfinite(found.bound) or found.bound <= bound or (beaten is not None and beaten(found.objective)):
         return bound, None  # (where another mesh's plan is faster, this plan loses: its bound does not matter)

@@ -130,8 +130,7 @@ def _held_certified(search: PricedSolve, ip: IndexedProblem, exact: IndexedProbl
     got = _fixed(search, ip, exact, name, deadline, doubt, over, None, True, at)
     if got is doubt and math.isnan(doubt.bound):
         return out  # no held proof came of it (the deadline): the formulas' proof, as it says
-    if got is doubt and doubt.status == "optimal" and at is not None and ip.budget >= at:
-        doubt.plan_proven = True  # the held proof's bound, at the budget, closed the gap: no answer the plan fits is faster
+    if got is doubt and doubt.plan_proven:  # the held rows' bound at the budget closed the gap (`_fixed`, `_closes`)
         doubt.message = "; ".join(m for m in doubt.message.split("; ") if m != FORMULAS_ONLY)
     return got
 
