@@ -99,7 +99,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
           step_problem: Problem | None = None, step_binds: Callable[[Solution], bool] | None = None,
           step_memo: SolveMemo | None = None, least: str | None = None, prove: bool = False,
           known: Solution | None = None, held: bool = False, judge: Callable[[Solution], int] | None = None,
-          refine: bool = True) -> Solution:
+          refine: bool = True, certify: bool = True) -> Solution:
     """The fastest assignment (one choice per node, checkpointed blocks) whose peak fits the budget.
 
     budget: per-rank bytes the answer must fit (default: `problem.budget_bytes`); the problem is not
@@ -171,6 +171,13 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         that wants an answer's peak, not its speed (`narrow_least`, looking for a smaller budget: HF GPT-2 on 8
         ranks, 18 s of its 26 s smallest-budget search were proofs of answers too big for the budget of 1 B).
 
+    certify: an answer proven optimal for the formulas only is proven again counting the held rows
+        (`refine._held_certified`), which count no more than the plan's accounting. False for the problem counting
+        saved tensors apart (`meshes._PlanAccount`), whose proofs are not taken as the plan's: `meshes._once_bound`
+        proves that answer counting once (HF GPT-NeoX, 64 ranks, 1.5x its smallest budget:
+        a certification there found the same faster answer, unproven as the plan counts, and `use_room` re-solved
+        for 5 s).
+
     A round's lower bound holds for every later round (their budgets are tighter), so the answer's bound is
     the best of all rounds; the priced search's most expensive bound (by ranges of max-term levels) runs
     once, for the answer returned, and only where the answer is still more than 5 % above that bound.
@@ -211,7 +218,7 @@ def solve(problem: Problem, *, budget: int | None = None, solver: str = "highs",
         memo.last = None
         sol, lift = _solve_at(problem, budget - shrink, name, deadline, method, progress, memo, beaten,
                               least=least or ("always" if account is None else "unproven"), prove=prove, known=known,
-                              held=held)
+                              held=held, certify=certify)
         if sol.status == "beaten":
             lift = None
             break
@@ -313,7 +320,7 @@ _AT_BUDGET = "the bound is that of the solve at the budget, before it was tighte
 
 def _rebound(sol: Solution, bound: float, why: str) -> None:
     """`sol` with `bound` (-inf: none) as its lower bound, in place of the one its own round proved, and `why`."""
-    sol.bound, sol.gap, sol.status, sol.plan_proven = float("nan"), float("nan"), "feasible", False
+    sol.bound, sol.gap, sol.status, sol.plan_proven, sol.formulas_proven = float("nan"), float("nan"), "feasible", False, False
     notes = [m for m in sol.message.split("; ") if m and m != NOT_PROVEN]
     sol.message = "; ".join([NOT_PROVEN, *notes, why])
     sol.raise_bound(bound, GAP_TOLERANCE)
@@ -340,13 +347,13 @@ def _unfit(problem: Problem, budget: int, shrink: int, account: Callable[[Soluti
 
 def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method: str, progress: bool,
               memo: SolveMemo, beaten: Callable[[float], bool] | None = None, least: str = "always",
-              prove: bool = False, known: Solution | None = None, held: bool = False
+              prove: bool = False, known: Solution | None = None, held: bool = False, certify: bool = True
               ) -> tuple[Solution, Callable[..., Solution | None] | None]:
     """One round of `solve`: the chosen method under `budget`, its figures those of the problem as given,
     and for a priced answer what is left for the answer `solve` keeps: the bound search (`PricedSolve.lift`)
     and, with method "auto", the flat ILP from it where that is small, then the pins and piece swaps (`refine.refine_answer`).
     `least`: when the priced search finds nothing that fits, whether it searches the least-memory answer
-    (`PricedSolve.solve`); `known`, `held`: `solve`'s."""
+    (`PricedSolve.solve`); `known`, `held`, `certify`: `solve`'s."""
     exact = IndexedProblem(problem, budget)
     ip = copy.copy(exact)  # the solvers' view: folding replaces list entries, so the lists are copied
     ip.time, ip.recompute, ip.transient, ip.edges = (list(exact.time), list(exact.recompute),
@@ -362,7 +369,7 @@ def _solve_at(problem: Problem, budget: int, name: str, deadline: float, method:
             try:
                 search, sol = _priced_search(ip, dec, beaten, memo, name, deadline, least)
                 lift = functools.partial(refine_answer, search, ip, exact, name, deadline, beaten, method == "auto",
-                                         prove, known=known, held=held)
+                                         prove, known=known, held=held, certify=certify)
             except NotDecomposable as err:
                 if method == "priced":
                     raise

@@ -254,6 +254,10 @@ class Solution:
     # or as the fastest assignment whatever its memory (`meshes._fastest_of_all`). Where false, an "optimal" answer
     # is so for the formulas only (`FORMULAS_ONLY`)
     plan_proven: bool = False
+    # proven optimal for the formulas, whatever the status says: "feasible" where the held rows' bound, which holds
+    # for the plan, lies below it (`refine.HELD_BOUND`). The problem counting saved tensors apart restricts the
+    # formulas' (it counts more), so it holds no faster answer (`meshes._counted_apart` does not solve it)
+    formulas_proven: bool = False
 
     @classmethod
     def beaten_by_elsewhere(cls, bound: float, seconds: float, **fields: str) -> Solution:

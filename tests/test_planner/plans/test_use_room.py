@@ -5,7 +5,9 @@ winning mesh is solved once more with the budget loosened by the difference
 HF BERT on a 2x2x2 mesh at 4 MiB (cpu-gloo): the formulas count 130,816 B (3.1 % of the budget) more than the
 plan for the first answer; the plan with the second solve is faster (29.30 -> 23.14 ms) and fits, the one
 without it (room switched off) slower. (Written on HF LLaMA at 5 MiB, 3.9 % of room; since the formulas count
-once a tensor the q/k/v projections all save, that room is gone.)"""
+once a tensor the q/k/v projections all save, that room is gone.) The certification of an answer proven for the
+formulas only (`refine._held_certified`) now finds 23.14 ms in the first solve and proves it as the plan counts, so
+no second solve runs: these tests switch it off to keep the second solve's own behaviour under test."""
 
 from __future__ import annotations
 
@@ -13,11 +15,18 @@ from zoo import build
 
 import planner.plans.meshes as meshes
 from planner import plan
+from planner.search.solve import refine
 from planner.trace.tracer import capture
 from planner.units import parse_bytes
 
 
+def _uncertified(monkeypatch) -> None:
+    """The formulas' proofs left as they are (`refine._held_certified` returns its `out`)."""
+    monkeypatch.setattr(refine, "_held_certified", lambda *args: args[5])
+
+
 def test_the_room_left_by_the_formulas_buys_a_faster_plan(monkeypatch) -> None:
+    _uncertified(monkeypatch)
     ex = build("hf-bert")
     graph = capture(ex.model, ex.example_inputs, name="hf-bert")
     budget = parse_bytes("4MiB")
@@ -40,6 +49,7 @@ def test_a_worker_sends_back_the_problem_the_planning_process_solves_again(monke
     the plan is the one planned in one process."""
     import planner.api as api
 
+    _uncertified(monkeypatch)
     ex = build("hf-bert")
     graph = capture(ex.model, ex.example_inputs, name="hf-bert")
     budget = parse_bytes("4MiB")
