@@ -56,6 +56,21 @@ def _tiny_llama():
     return capture(model, inputs, name="hf-llama")
 
 
+def _tiny_hf(config_cls: str, model_cls: str, name: str, **extra):
+    """A tiny HF model as `bench/hf_tiny.py` builds it (2 layers, hidden 64, 4 heads, FFN 128, vocab 512, eager
+    attention; input_ids and labels of 8 x 32, seed 0), captured."""
+    import torch
+    import transformers
+
+    config = getattr(transformers, config_cls)(attn_implementation="eager", vocab_size=512, hidden_size=64,
+                                               num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                               max_position_embeddings=64, **extra)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config)
+    ids = torch.randint(0, 512, (8, 32), generator=torch.Generator().manual_seed(0))
+    return capture(model, {"input_ids": ids, "labels": ids.clone()}, name=name)
+
+
 def test_an_answer_of_the_formulas_is_proven_as_the_plan_counts_and_a_faster_plan_found() -> None:
     """Tiny HF LLaMA (`bench/hf_tiny.py`'s: hidden 64, 4 heads, 2 KV heads, eager attention) on 8 ranks, 2x2x2, at
     3,059,200 B (2x its smallest budget): the formulas prove 0.1893 ms optimal; the flat ILP counting the held rows
@@ -99,17 +114,8 @@ def test_no_certification_for_the_problem_counting_apart() -> None:
     counting saved tensors apart, whose held proofs are not the plan's (`solve(certify=False)` there); the solve
     counting once from it (`meshes._once_bound`) finds 2.1068 ms and proves it as the plan counts. Certified in the
     problem counting apart, the same answer came out proven for the formulas only, and `use_room` solved again."""
-    import torch
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    config = GPTNeoXConfig(attn_implementation="eager", vocab_size=512, hidden_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
-                           hidden_dropout=0.0, attention_dropout=0.0)
-    torch.manual_seed(0)
-    model = GPTNeoXForCausalLM(config)
-    ids = torch.randint(0, 512, (8, 32), generator=torch.Generator().manual_seed(0))
-    p = plan(capture(model, {"input_ids": ids, "labels": ids.clone()}, name="hf-gpt-neox"), 1_708_032, world_size=64,
-             hardware="a100-80gb", meshes=["4x4x4"], workers=1)
+    graph = _tiny_hf("GPTNeoXConfig", "GPTNeoXForCausalLM", "hf-gpt-neox", hidden_dropout=0.0, attention_dropout=0.0)
+    p = plan(graph, 1_708_032, world_size=64, hardware="a100-80gb", meshes=["4x4x4"], workers=1)
     assert math.isclose(p.predicted.step_time_s, 2.1068e-3, rel_tol=1e-4)
     assert p.solver.status == "optimal" and FORMULAS_ONLY not in p.solver.message
 
@@ -184,16 +190,8 @@ def test_an_answer_counted_apart_is_proven_by_the_held_proof_counting_once() -> 
     answer of the problem counting saved tensors apart (`meshes._counted_apart`), whose own proofs are not the plan's
     (it counts more than the plan for some answers); the solve counting once from it (`_once_bound`) proves with the
     held rows that no plan that fits is faster: 1.7556 ms, proven as the plan counts."""
-    import torch
-    from transformers import BertConfig, BertForMaskedLM
-
-    config = BertConfig(attn_implementation="eager", vocab_size=512, hidden_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    model = BertForMaskedLM(config)
-    ids = torch.randint(0, 512, (8, 32), generator=torch.Generator().manual_seed(0))
-    graph = capture(model, {"input_ids": ids, "labels": ids.clone()}, name="hf-bert")
+    graph = _tiny_hf("BertConfig", "BertForMaskedLM", "hf-bert", hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
     p = plan(graph, 2_275_456, world_size=64, hardware="a100-80gb", meshes=["4x4x4"], workers=1)
     assert math.isclose(p.predicted.step_time_s, 1.7556e-3, rel_tol=1e-4)
     assert p.solver.status == "optimal" and FORMULAS_ONLY not in p.solver.message
