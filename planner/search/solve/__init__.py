@@ -320,7 +320,8 @@ _AT_BUDGET = "the bound is that of the solve at the budget, before it was tighte
 
 def _rebound(sol: Solution, bound: float, why: str) -> None:
     """`sol` with `bound` (-inf: none) as its lower bound, in place of the one its own round proved, and `why`."""
-    sol.bound, sol.gap, sol.status, sol.plan_proven, sol.formulas_proven = float("nan"), float("nan"), "feasible", False, False
+    sol.bound, sol.gap, sol.status = float("nan"), float("nan"), "feasible"
+    sol.plan_proven = sol.formulas_proven = False  # what its own round proved
     notes = [m for m in sol.message.split("; ") if m and m != NOT_PROVEN]
     sol.message = "; ".join([NOT_PROVEN, *notes, why])
     sol.raise_bound(bound, GAP_TOLERANCE)

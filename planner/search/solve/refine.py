@@ -23,8 +23,8 @@ from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import WORK_LIMIT, resolve_solver, solve_milp
 from planner.search.solve.problem import NOT_PROVEN, Problem, Solution, relative_gap
 
-__all__ = ["CERTIFY_WORK", "EXACT_FLAT_PAIRS", "EXACT_FLAT_PAIRS_MANY", "EXACT_GAP", "EXACT_WORK", "FIT_ROUNDS", "HELD_BOUND", "PROVE_WORK",
-           "RETRY_SHRINK", "RETRY_WORK_SHARE", "as_given", "held_exact", "refine_answer", "worth_refining"]
+__all__ = ["CERTIFY_WORK", "EXACT_FLAT_PAIRS", "EXACT_FLAT_PAIRS_MANY", "EXACT_GAP", "EXACT_WORK", "FIT_ROUNDS",
+           "HELD_BOUND", "PROVE_WORK", "RETRY_SHRINK", "RETRY_WORK_SHARE", "as_given", "held_exact", "refine_answer", "worth_refining"]
 
 # With method "auto", a priced answer not proven within EXACT_GAP of optimal is handed to the flat ILP (exact,
 # work-limited) as its start where that ILP is small (`flat_pairs` at most EXACT_FLAT_PAIRS): the built-in mlp on 2x2x2 at 4x
@@ -54,7 +54,8 @@ EXACT_FLAT_PAIRS_MANY = 50_000
 PROVE_WORK = 4 * WORK_LIMIT
 # the note of an answer proven optimal for the formulas only whose bound, as the plan counts, is the held rows'
 HELD_BOUND = ("proven optimal for the solver's memory formulas only, which count some assignments above the plan's "
-              "accounting: its lower bound is that of the flat ILP counting the held rows, which count no more than the plan")
+              "accounting: its lower bound is that of the flat ILP counting the held rows, which count no more than "
+              "the plan")
 # An answer proven optimal for the formulas only (`FORMULAS_ONLY`) on a problem `fixing.prove` takes is proven again
 # counting the held rows (`_held_certified`), by default with this much work per ILP, over the ranges of levels where
 # the formulas' bound search left an assignment that can beat it. On the tiny HF bench (60 cells, two workers): 14
@@ -103,8 +104,8 @@ def refine_answer(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem
     CERTIFY_WORK by default, without a limit with `prove`). Each step's answer is taken only where
     the caller's account fits it (`over`: the bytes it takes beyond the budget by that account), so a faster
     answer the account does not fit never displaces one it does. Its figures are those of the problem as given
-    (`exact`). None of them where an answer found elsewhere beats its bound. `held`, `certify`: `solve`'s; `at`: the budget
-    `over` judges by (`_fixed`); `share`: the flat ILPs over what can beat it get PROVE_WORK / share (`solve`'s
+    (`exact`). None of them where an answer found elsewhere beats its bound. `held`, `certify`: `solve`'s; `at`: the
+    budget `over` judges by (`_fixed`); `share`: the flat ILPs over what can beat it get PROVE_WORK / share (`solve`'s
     search for a faster answer from a tightened round, whose bounds are not taken: RETRY_WORK_SHARE)."""
     search.lift(sol, deadline)
     out = _faster_known(exact, sol, known, over)
