@@ -28,9 +28,9 @@ from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
 from cost_models.strides import is_identity
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.held_recompute import forward_rows
+from planner.search.held_recompute import Alive, forward_rows
 from planner.search.held_saved import _MAY_VIEW, _arrives, _head, _is_output, _received, _Saves
-from planner.search.solve.problem import HeldBeside
+from planner.search.solve.problem import Apart, HeldBeside
 from planner.search.tied import tied_uses
 from planner.trace.graph import ModelGraph
 
@@ -83,7 +83,7 @@ def _only_where_broken(found: tuple[str, list[int]] | tuple[str, str, list[list[
                        ) -> tuple:
     """A waiting gradient of nbytes[c] under choice c of decision `u`, counted only where `found` (a passthrough
     term, nonzero where it breaks) is nonzero: a term over u's choices, or a pair term, where `found` is set by at
-    most one decision other than `u`; else an apart term (`HeldBeside.apart`: u and the pair `found` is set by).
+    most one decision other than `u`; else an `Apart` term (u and the pair `found` is set by).
     Not its bytes, plus its most where the passthrough breaks, less that most: linear, but below zero where they
     share and its choice is not its largest (gpt-tiny's MLP projection, 2 KiB less 32 KiB: a row below the op's own
     working set, which let the held ILP's bound fall 52 % short of an answer's time)."""
@@ -97,7 +97,26 @@ def _only_where_broken(found: tuple[str, list[int]] | tuple[str, str, list[list[
         first = a == u
         return a, b, [[(nbytes[i] if first else nbytes[j]) if x else 0 for j, x in enumerate(row)]
                       for i, row in enumerate(mat)]
-    return u, nbytes, a, b, [[x != 0 for x in row] for row in mat]
+    return Apart(u, nbytes, [(a, b, [[x != 0 for x in row] for row in mat])])
+
+
+def _where_any_breaks(terms: list[tuple[str, list[int]] | tuple[str, str, list[list[int]]]], u: str, nbytes: list[int]
+                      ) -> tuple:
+    """A gradient of nbytes[c] under choice c of decision `u` counted where any of `terms` (passthroughs' terms,
+    nonzero where one breaks) is: `_only_where_broken` of their largest where at most two decisions set them, else an
+    `Apart` term with one condition per pair of decisions (`_any_broken`'s first term alone misses the others: the
+    breaks on the other gradient's way, gpt-tiny's residual reaching the block's last add converted)."""
+    if len({d for term in terms for d in term[:-1]}) <= 2:
+        return _only_where_broken(_any_broken(terms), u, nbytes)
+    by: dict[tuple, list] = {}
+    for term in terms:
+        by.setdefault(tuple(term[:-1]), []).append(term)
+    conditions: list[tuple[str, str | None, list]] = []
+    for same in by.values():
+        m = _any_broken(same)
+        conditions.append((m[0], None, [x != 0 for x in m[1]]) if len(m) == 2
+                          else (m[0], m[1], [[x != 0 for x in row] for row in m[2]]))
+    return Apart(u, nbytes, conditions)
 
 
 def recomputation_triggers(graph: ModelGraph, en: Enumerated, g: Grouped) -> dict[str, str]:
@@ -163,6 +182,20 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
 
     def add(into: dict[str, list[int]], node: str, nbytes: list[int]) -> None:
         into[node] = [a + b for a, b in zip(into.get(node, [0] * len(nbytes)), nbytes)]
+
+    def place(found: tuple, into: dict[str, list[int]], pairs: list, apart: list[Apart]) -> None:
+        """A term counted where passthroughs break (`_where_any_breaks`) into a row's vectors, pairs or apart terms."""
+        if isinstance(found, Apart):
+            apart.append(found)
+        elif len(found) == 2:
+            add(into, *found)
+        else:
+            pairs.append(found)
+
+    def both_ways(op: str, other: str) -> list[str]:
+        """The tensors whose passthroughs, where any breaks, keep `op`'s gradient apart from `other`'s (which may
+        share its storage): on either's way to where they meet."""
+        return [x for x in _apart(op, [other], links) + _apart(other, [op], links) if x in links]
 
     # (producer's decision, consumer's decision) -> the op-level conversions between them (op, argument)
     crossing: dict[tuple[str, str], int] = {}
@@ -277,30 +310,31 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                 add(into, *per_choice(group[0], grad))
         return floor
 
-    def alive_at(t: OpNode, waiting: dict[str, list[str]], shared: list[str]
-                 ) -> tuple[list[tuple[str, list[int]]], int, list[tuple[str, str, list[list[int]]]]]:
+    def alive_at(t: OpNode, waiting: dict[str, list[str]], shared: list[str]) -> Alive:
         """The gradients alive at trigger `t`'s backward, beside its block's forward re-run, as (terms, floor, pair
-        terms): those waiting there (a group that may be one storage at its least member), and `t`'s own: alone, or
-        where one waiting gradient may share its storage, that one and `t`'s where its passthrough to it breaks."""
+        terms, apart terms): those waiting there (a group that may be one storage at its least member), and `t`'s
+        own: alone, or where one waiting gradient may share its storage, that one and `t`'s where a passthrough on
+        its way to it breaks (gpt-tiny's MLP projection under 1d_row: its replicated output gradient, 32 KiB,
+        apart from the residual stream's where the dropout after it hands its gradient to the residual add
+        converted; counting only the projection's own passthrough, the rows missed it and the held ILP's optimum,
+        1.7195 ms at 453,392 B on 8 ranks, was refused by the plan by 22,640 B)."""
         terms: dict[str, list[int]] = {}
-        floor, pairs = count_waiting(waiting, terms), []
+        floor, pairs, apart = count_waiting(waiting, terms), [], []
         if not shared:
             if t.name in tracked:
                 add(terms, *per_choice(t.name, grad))
         elif len(shared) == 1:
             add(terms, *per_choice(shared[0], grad))
-            if t.name in links and t.name in tracked and _apart(t.name, shared, links) == [t.name]:
-                found = broken(t, per_choice(t.name, grad)[1])
-                if len(found) == 2:
-                    add(terms, *found)
-                else:
-                    pairs.append(found)
+            ways = both_ways(t.name, shared[0])
+            if t.name in tracked and ways:
+                u, nbytes = per_choice(t.name, grad)
+                place(_where_any_breaks([broken(nodes[x], max(nbytes)) for x in ways], u, nbytes), terms, pairs, apart)
         else:
             floor += min(min(per_choice(m, grad)[1]) for m in shared)
-        return sorted((u, b) for u, b in terms.items() if any(b)), floor, pairs
+        return sorted((u, b) for u, b in terms.items() if any(b)), floor, pairs, apart
 
     triggers = recomputation_triggers(graph, en, g) if checkpointing else {}
-    beside_trigger: dict[str, tuple[list[tuple[str, list[int]]], int, list[tuple[str, str, list[list[int]]]]]] = {}
+    beside_trigger: dict[str, Alive] = {}
     rows: list[HeldBeside] = []
     seen: set[tuple] = set()
     for op, (waiting, shared) in zip(graph.nodes, groups):
@@ -314,22 +348,14 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         # gradient waits beside it apart from its output's where the dropout after it hands its gradient to the
         # residual add converted, 32 KiB the op's own passthrough alone does not see.
         pairs: list[tuple[str, str, list[list[int]]]] = []
-        apart: list[tuple[str, list[int], str, str, list[list[bool]]]] = []
-        if shared and op.name in links:
-            if len(shared) == 1:
-                u, nbytes = per_choice(shared[0], grad)
-                least = max(nbytes)
-            else:
-                least = min(min(per_choice(m, grad)[1]) for m in shared)
-            found = _any_broken([broken(nodes[x], least) for x in _apart(op.name, shared, links)])
-            if len(shared) == 1:
-                found = _only_where_broken(found, u, nbytes)
-            if len(found) == 2:
-                add(held, *found)
-            elif len(found) == 3:
-                pairs.append(found)
-            else:
-                apart.append(found)
+        apart: list[Apart] = []
+        if len(shared) == 1 and both_ways(op.name, shared[0]):  # on either's way to where they meet
+            u, nbytes = per_choice(shared[0], grad)
+            place(_where_any_breaks([broken(nodes[x], max(nbytes)) for x in both_ways(op.name, shared[0])], u, nbytes),
+                  held, pairs, apart)
+        elif shared and op.name in links:  # several: apart from all of theirs where the op's own way breaks
+            least = min(min(per_choice(m, grad)[1]) for m in shared)
+            place(_any_broken([broken(nodes[x], least) for x in _apart(op.name, shared, links)]), held, pairs, apart)
         if checkpointing and triggers.get(op.block) == op.name:
             beside_trigger[op.block] = alive_at(op, waiting, shared)
         # at the recomputation: only ops of a block whose trigger is fixed, up to it (the plan counts no recomputed
@@ -345,9 +371,14 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         joins = None
         if (block is not None and roots[t] in waiting and roots[t] != roots[op.name] and t not in waiting[roots[t]]
                 and all(roots.get(src) != roots[t] for src in op.inputs)):
-            least = min(per_choice(t, grad)[1])
-            ways = [broken(nodes[x], least) for x in _apart(t, waiting[roots[t]], links) if x in links]
-            joins = _any_broken(ways) if ways else None
+            if len(waiting[roots[t]]) == 1:  # one: apart where a passthrough on either's way breaks, t's bytes
+                u, nbytes = per_choice(t, grad)
+                ways = both_ways(t, waiting[roots[t]][0])
+                joins = _where_any_breaks([broken(nodes[x], max(nbytes)) for x in ways], u, nbytes) if ways else None
+            else:
+                least = min(per_choice(t, grad)[1])
+                ways = [broken(nodes[x], least) for x in _apart(t, waiting[roots[t]], links) if x in links]
+                joins = _any_broken(ways) if ways else None
         # the op's own working set, or, at the recomputation, the conversion into it from a decision it is the
         # only conversion from (elsewhere the plan takes what the op saves off a conversion's working set, the
         # storages it keeps: views and converted copies can make that more than the rule's saved bytes, which the
@@ -360,14 +391,11 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
             if not recomputation and not waiting and not shared:
                 continue  # nothing beyond the op's own working set, which the node's transient counts
             terms = dict(held)
-            row_pairs = pairs
+            row_pairs, row_apart = list(pairs), list(apart)
             if recomputation and waits:
                 add(terms, *per_choice(t, grad))
             elif recomputation and joins is not None:
-                if len(joins) == 2:
-                    add(terms, *joins)
-                else:
-                    row_pairs = [*pairs, joins]
+                place(joins, terms, row_pairs, row_apart)
             rest = sorted((u, b) for u, b in terms.items() if u != node)
             mine, copies = recomputed_once(g.decisions[node], op.name) if recomputation else ([0] * len(work), [])
             earlier: list[tuple[str, list[int]]] = []
@@ -381,11 +409,11 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                 own = [a + b + c for a, b, c in zip(base, terms[node], mine)]
                 key = (node, tuple(own), tuple((u, tuple(b)) for u, b in rest), floor, recomputation, source,
                        tuple((a, b, tuple(map(tuple, m))) for a, b, m in row_pairs + copies),
-                       tuple((u, tuple(b), x, y, tuple(map(tuple, m))) for u, b, x, y, m in apart))
+                       repr(row_apart))
                 if key not in seen:
                     seen.add(key)
                     rows.append(HeldBeside(node, own, rest, floor, recomputation, source, row_pairs, earlier, copies,
-                                           apart))
+                                           row_apart))
     # the block's forward re-run, at its trigger: beside the gradients alive there (those waiting, and the trigger's
     # own where no waiting one may share its storage)
     order = {block: [name for name, _ in decisions] for block, decisions in in_block.items()}

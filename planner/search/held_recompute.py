@@ -28,10 +28,10 @@ from cost_models.strides import is_identity
 from planner.search.decisions import Decision, Enumerated, Grouped
 from planner.search.held_saved import _MAY_VIEW, _arrives, _head, _is_output, _Saves
 from planner.search.price_nodes import _out_layout
-from planner.search.solve.problem import HeldBeside
+from planner.search.solve.problem import Apart, HeldBeside
 from planner.trace.graph import ModelGraph
 
-__all__ = ["forward_rows"]
+__all__ = ["Alive", "forward_rows"]
 
 # kinds whose output may be a view of their input (`planner.plans.recompute`'s and `planner.plans.storage`'s tests):
 # such an output is no new storage under some layouts, so it never counts as an intermediate here
@@ -40,6 +40,8 @@ _VIEWS = (*_MAY_VIEW, "split", "expand", "complex_view")
 Vector = tuple[str, list[int]]
 Pair = tuple[str, str, list[list[int]]]
 Recomputed = Callable[[Decision, str | None], tuple[list[int], list[Pair]]]
+# the gradients alive at a block's trigger (`held.held_beside`'s `alive_at`): terms, floor, pair terms, apart terms
+Alive = tuple[list[Vector], int, list[Pair], list[Apart]]
 
 
 class _Block:
@@ -204,12 +206,12 @@ def _intermediates(ch: _Choices, blk: _Block, k_name: str, before: list[str]
 
 def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, saves: _Saves,
                  triggers: dict[str, str], recomputed: Recomputed, order: dict[str, list[str]],
-                 gradients: dict[str, tuple[list[Vector], int, list[Pair]]]) -> tuple[list[HeldBeside], list[str]]:
+                 gradients: dict[str, Alive]) -> tuple[list[HeldBeside], list[str]]:
     """Per block with a fixed trigger (`held.recomputation_triggers`), per op of it: a row of what the plan counts
     at that op of the block's forward re-run (module docstring); and the blocks it wrote rows for. `recomputed(d, upto)`: what decision d's ops (up to
     op `upto`, all where None) save anew in the re-run, per choice, and the copies they save as pair terms
     (`held.held_beside`'s); `order`: per block, its decisions in order; `gradients`: per block, the gradients alive
-    at its trigger's backward as (terms, floor, pair terms)."""
+    at its trigger's backward as (terms, floor, pair terms, apart terms)."""
     ch = _Choices(graph, mesh, en, g, saves)
     rows: list[HeldBeside] = []
     covered: list[str] = []
@@ -219,7 +221,7 @@ def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, save
         covered.append(b.name)
         blk = _Block([n for n in b.nodes if n in ch.nodes], ch.nodes, en, saves)
         names = order[b.name]
-        grad_terms, floor, grad_pairs = gradients[b.name]
+        grad_terms, floor, grad_pairs, grad_apart = gradients[b.name]
         for k_name in blk.ops:
             if k_name not in g.decision_of or k_name not in en.strategies:
                 continue
@@ -252,12 +254,12 @@ def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, save
                 conversions += [x for x in [ch.conversion(k_op, a, du, dk)] if x is not None]
             base = [x + y + z + w for x, y, z, w in zip(mine, output, extra, live_own)]
             rows.append(HeldBeside(dk.name, base, grad_terms, floor, True, None, grad_pairs, earlier + live_vec,
-                                   copies + mine_copies + live_pairs + unsaved))
+                                   copies + mine_copies + live_pairs + unsaved, grad_apart))
             if conversions:  # the forward conversion into k, beside what was recomputed before it
                 upto = dk.ops[kk - 1] if kk > 0 else None
                 prior, prior_copies = recomputed(dk, upto) if upto is not None else ([0] * n_k, [])
                 base = [x + w for x, w in zip(prior, live_own)]
                 for conv in conversions:
-                    rows.append(HeldBeside(dk.name, base, grad_terms, floor, True, None, grad_pairs,
-                                           earlier + live_vec, copies + prior_copies + live_pairs + [conv]))
+                    rows.append(HeldBeside(dk.name, base, grad_terms, floor, True, None, grad_pairs, earlier + live_vec,
+                                           copies + prior_copies + live_pairs + [conv], grad_apart))
     return rows, covered

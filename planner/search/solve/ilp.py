@@ -370,20 +370,31 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
             shared[key] = np.array([z]), np.ones(1)
         return shared[key]
 
-    def apart_term(ind: np.ndarray, nbytes: np.ndarray, pairs: np.ndarray, breaks: np.ndarray
+    def apart_term(ind: np.ndarray, nbytes: np.ndarray, conditions: list[tuple[np.ndarray, np.ndarray]]
                    ) -> tuple[np.ndarray, np.ndarray]:
-        """nbytes[k]·ind[k]·(the pairs where `breaks`) (`HeldBeside.apart`) as w[k] >= ind[k] + broken - 1, w >= 0,
-        shared by every row with the same term: a gradient apart from the op's output's only where a passthrough
-        breaks, which the linear form (its bytes less its most, plus its most where it breaks) counts below zero
-        where they share."""
-        key = (b"apart", ind.tobytes(), nbytes.tobytes(), pairs.tobytes(), breaks.tobytes())
+        """nbytes[k]·ind[k]·(any condition holds) (`problem.Apart`; each condition: variables, which where it holds)
+        as w[k] >= ind[k] + broken - 1, w >= 0, shared by every row with the same term: a gradient apart from the
+        op's output's only where a passthrough breaks, which the linear form (its bytes less its most, plus its most
+        where it breaks) counts below zero where they share. With several conditions, broken is one variable at
+        least each condition's (the least the ILP can take is 1 where one holds, 0 where none does)."""
+        key = (b"apart", ind.tobytes(), nbytes.tobytes(), *(x for v, m in conditions for x in (v.tobytes(), m.tobytes())))
         if key not in shared:
+            if len(conditions) == 1:
+                broken, weights = conditions[0][0][conditions[0][1]], -np.ones(int(conditions[0][1].sum()))
+            else:
+                z = b.model.add_vars(1, ub=1.0)
+                for v, m in conditions:
+                    row = LinExpr()
+                    row.add(z, 1.0)
+                    row.add(v[m], -1.0)
+                    b.add_expr_row(row, lo=0.0)
+                broken, weights = z, -np.ones(1)
             some = np.flatnonzero(nbytes)
             w = b.model.add_vars(len(some))
             for k, wk in zip(some, w):
                 row = LinExpr()
                 row.add(np.array([wk, ind[k]]), np.array([1.0, -1.0]))
-                row.add(pairs[breaks], -1.0)
+                row.add(broken, weights)
                 b.add_expr_row(row, lo=-1.0)
             shared[key] = (w, nbytes[some].astype(float))
         return shared[key]
@@ -449,10 +460,13 @@ def _held_rows(b: IlpBuilder, ip: IndexedProblem, s: list[np.ndarray], lands: di
             k = edges.get((u, w))
             expr.add(*pair_term(b.pair_vars(ends(u), ends(w), None if k is None else allowed.get(k)), nbytes))
             most += float(nbytes.max())
-        for u, nbytes, x, y, breaks in row.apart:  # (on and-vectors: ind + broken - 1 <= 0 where not checkpointed)
-            k = edges.get((x, y))
-            expr.add(*apart_term(ends(u), nbytes, b.pair_vars(ends(x), ends(y), None if k is None else allowed.get(k)),
-                                 breaks))
+        for u, nbytes, conditions in row.apart:  # (on and-vectors: ind + broken - 1 <= 0 where not checkpointed)
+            conds = []
+            for x, y, breaks in conditions:
+                k = edges.get((x, y))
+                conds.append((ends(x) if y is None else b.pair_vars(ends(x), ends(y), None if k is None
+                                                                     else allowed.get(k)), breaks))
+            expr.add(*apart_term(ends(u), nbytes, conds))
             most += float(nbytes.max())
         b.tops.append((expr, most))
 

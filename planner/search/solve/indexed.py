@@ -71,14 +71,16 @@ class HeldRow:
     pairs: list[tuple[int, int, np.ndarray]]
     recomputed: list[tuple[int, np.ndarray]]  # with `recomputation`: per earlier node of the block, its bytes
     recomputed_pairs: list[tuple[int, int, np.ndarray]]  # ... and per pair of nodes
-    apart: list[tuple[int, np.ndarray, int, int, np.ndarray]]  # (u, bytes, a, b, breaks): `HeldBeside.apart`
+    # (u, bytes, conditions): `problem.Apart`, each condition (a, b or None, breaks over a's (and b's) choices)
+    apart: list[tuple[int, np.ndarray, list[tuple[int, int | None, np.ndarray]]]]
 
     def value(self, choice: Sequence[int]) -> int:
         """The bytes of the row's own, terms, pairs, apart terms and floor under an assignment (not the conversion's
         nor the recomputed activations of `recomputed` and `recomputed_pairs`)."""
         return (int(self.own[choice[self.node]]) + self.floor + sum(int(b[choice[u]]) for u, b in self.terms)
                 + sum(int(b[choice[u], choice[w]]) for u, w, b in self.pairs)
-                + sum(int(b[choice[u]]) for u, b, x, y, breaks in self.apart if breaks[choice[x], choice[y]]))
+                + sum(int(b[choice[u]]) for u, b, conditions in self.apart if any(
+                    m[choice[x]] if y is None else m[choice[x], choice[y]] for x, y, m in conditions)))
 
     def restricted(self, keep: list[np.ndarray]) -> HeldRow:
         """The row with node v's options cut to keep[v] (`fixing.restrict`)."""
@@ -86,7 +88,8 @@ class HeldRow:
                        self.recomputation, self.source, [(u, w, b[np.ix_(keep[u], keep[w])]) for u, w, b in self.pairs],
                        [(u, b[keep[u]]) for u, b in self.recomputed],
                        [(u, w, b[np.ix_(keep[u], keep[w])]) for u, w, b in self.recomputed_pairs],
-                       [(u, b[keep[u]], x, y, m[np.ix_(keep[x], keep[y])]) for u, b, x, y, m in self.apart])
+                       [(u, b[keep[u]], [(x, y, m[keep[x]] if y is None else m[np.ix_(keep[x], keep[y])])
+                                         for x, y, m in conditions]) for u, b, conditions in self.apart])
 
 
 def _both(a: np.ndarray | None, b: np.ndarray | None, combine: Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -361,10 +364,20 @@ class IndexedProblem:
             if (recomputed or recomputed_pairs) and not h.recomputation:
                 raise ProblemError(f"{where} has recomputed bytes but is not at a recomputation")
             apart = []
-            for name, nbytes, a, b, breaks in h.apart:
+            for name, nbytes, conditions in h.apart:
                 u = self._node(name, where)
-                (ia, ib, m), = self._pair_bytes([(a, b, np.asarray(breaks, dtype=np.int64))], f"{where} apart")
-                apart.append((u, self._choice_bytes(nbytes, u, f"{where} apart bytes of {name!r}"), ia, ib, m != 0))
+                if not conditions:
+                    raise ProblemError(f"{where} apart term of {name!r} has no condition; give at least one")
+                conds = []
+                for a, b, breaks in conditions:
+                    if b is None:
+                        ia = self._node(a, where)
+                        conds.append((ia, None, self._choice_bytes(np.asarray(breaks, dtype=np.int64), ia,
+                                                                   f"{where} apart condition on {a!r}") != 0))
+                    else:
+                        (ia, ib, m), = self._pair_bytes([(a, b, np.asarray(breaks, dtype=np.int64))], f"{where} apart")
+                        conds.append((ia, ib, m != 0))
+                apart.append((u, self._choice_bytes(nbytes, u, f"{where} apart bytes of {name!r}"), conds))
             self.held.append(HeldRow(v, self._choice_bytes(h.own, v, f"{where} own"), terms, int(h.floor),
                                      bool(h.recomputation), source, pairs, recomputed, recomputed_pairs, apart))
         unknown = sorted(set(self.problem.held_rerun) - set(self.block_names))

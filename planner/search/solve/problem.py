@@ -42,10 +42,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "HeldBeside", "HeldLess", "HeldSaved", "OptimizerStep", "Problem", "Solution", "GAP_TOLERANCE", "FORMULAS_ONLY", "NOT_PROVEN", "relative_gap"]
+__all__ = ["Choice", "ProblemNode", "ProblemEdge", "Block", "SharedInput", "Apart", "HeldBeside", "HeldLess", "HeldSaved", "OptimizerStep", "Problem", "Solution", "GAP_TOLERANCE", "FORMULAS_ONLY", "NOT_PROVEN", "relative_gap"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,18 @@ class SharedInput:
     blocks: list[str]
 
 
+class Apart(NamedTuple):
+    """A gradient of nbytes[k] under node `node`'s choice k, counted only where any of `conditions` holds: each
+    (node a, None, breaks[i]) true where a takes i, or (node a, node b, breaks[i][j]) true where a takes i and b
+    takes j. A gradient apart from another's storage where any passthrough on either's way to where they meet
+    breaks: gpt-tiny's MLP projection under 1d_row, whose output gradient shares the residual stream's unless the
+    dropout after it or the residual reaching the block's last add is converted."""
+
+    node: str
+    nbytes: list[int]
+    conditions: list[tuple[str, str | None, list]]
+
+
 @dataclass
 class HeldBeside:
     """Bytes the backward holds beside one op's working set that other nodes' choices set: the activation
@@ -133,8 +146,8 @@ class HeldBeside:
     edge between the two, of which it is the only conversion) beside `own` (then only the gradients of `node`'s
     own ops). `pairs`: (node a, node b, nbytes[i][j]) bytes held where a takes choice i and b choice j (a gradient
     sharing the op's output's storage unless the op's passthrough breaks, which both ends' layouts decide). `apart`:
-    (node u, nbytes[k], node a, node b, breaks[i][j]) a gradient of nbytes[k] under u's choice k counted only where
-    a takes i and b takes j with breaks[i][j] true (where u is neither end: a product of three choices). `floor`
+    `Apart` terms, each a gradient counted only where one of its conditions holds (a product of three choices or
+    more). `floor`
     may be negative (a term counted only under a condition written linearly: its bytes plus its most where the
     condition holds, less that most; `planner.search.held` writes `apart` terms instead, which never go below zero).
 
@@ -151,7 +164,7 @@ class HeldBeside:
     pairs: list[tuple[str, str, list[list[int]]]] = field(default_factory=list)
     recomputed: list[tuple[str, list[int]]] = field(default_factory=list)
     recomputed_pairs: list[tuple[str, str, list[list[int]]]] = field(default_factory=list)
-    apart: list[tuple[str, list[int], str, str, list[list[bool]]]] = field(default_factory=list)
+    apart: list[Apart] = field(default_factory=list)
 
 
 @dataclass
