@@ -28,7 +28,7 @@ from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
 from cost_models.strides import is_identity
 from planner.search.decisions import Decision, Enumerated, Grouped
-from planner.search.held_recompute import Alive, forward_rows
+from planner.search.held_recompute import Alive, Remade, forward_rows
 from planner.search.held_saved import _MAY_VIEW, _arrives, _head, _is_output, _received, _Saves
 from planner.search.solve.problem import Apart, HeldBeside
 from planner.search.tied import tied_uses
@@ -217,37 +217,96 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         sid, anew = saves.anew(key, saved_earlier[d.name])
         return sid, anew and (saves.storage(key)[1] or _head(key)) in inside[d.block]
 
-    def recomputed(d: Decision, upto: str | None = None) -> tuple[list[int], list[tuple[str, str, list[list[int]]]]]:
+    def root(key: str) -> str:
+        """The op whose output a saved tensor is, behind views and ops that return their input itself."""
+        sid, viewed = saves.storage(saves.tensor(key))
+        return viewed or _head(sid)
+
+    # per decision of a block: per tensor it may save (`_Saves.tensor`: through ops that return their input), and per
+    # op whose output it may save a view of, the choices that do; and per block, its decisions in order
+    tensors_saved: dict[str, dict[str, set[int]]] = {}
+    views_saved: dict[str, dict[str, set[int]]] = {}
+    block_order: dict[str, list[str]] = {}
+    for d in g.decisions.values():
+        if d.block is None or d.block not in inside:
+            continue
+        block_order.setdefault(d.block, []).append(d.name)
+        tensors, views = tensors_saved[d.name], views_saved[d.name] = {}, {}
+        for c in range(len(d.members[0])):
+            for op, idx in zip(d.ops, d.members):
+                for t in en.costs[op][idx[c]].saved:
+                    tensors.setdefault(saves.tensor(t.key), set()).add(c)
+                    if saves.storage(saves.tensor(t.key))[1] is not None:
+                        views.setdefault(root(t.key), set()).add(c)
+
+    def one_saver(key: str, d: Decision) -> tuple[str, tuple[bool, ...]] | None:
+        """The earlier decision of d's block that alone may save the tensor a saved output `key` is (or a view of its
+        op's output), and per its choice whether it saves neither: there d's save is a storage of its own in the
+        re-run (`key` reaching d as it is made; converted, d keeps a copy of its own anyway). None where none or
+        several may, or `key` is a view or made outside the block."""
+        if not _is_output(key) or saves.storage(key)[1] is not None or root(key) not in inside[d.block]:
+            return None
+        tensor, made = saves.tensor(key), root(key)
+        order = block_order[d.block]
+        them = [e for e in order[:order.index(d.name)] if tensor in tensors_saved[e] or made in views_saved[e]]
+        if len(them) != 1:
+            return None
+        e = them[0]
+        saving = tensors_saved[e].get(tensor, set()) | views_saved[e].get(made, set())
+        return e, tuple(ce not in saving for ce in range(len(g.decisions[e].members[0])))
+
+    def recomputed(d: Decision, upto: str | None = None) -> Remade:
         """Per choice of decision `d` (of a block), what its ops (up to `upto`) save that its block's recomputation
         makes anew, at least: per storage (views counted as what they view) the most any of them saves, none that
         an earlier decision of the block may save, none from outside the block (kept by the checkpoint: the plan
         counts a kept storage saved again as nothing new). An input saved as the op receives it from another
         decision is a copy of its own where it reaches the op converted (the plan keeps `<key>@<op>`): those
         bytes are (input's decision, d, bytes[its choice][d's choice]) pairs, where it is not converted the
-        rules above."""
+        rules above. A saved output that one earlier decision alone may save counts where that one's choice saves
+        none of it (`one_saver`): a pair term, or with an input received, an `Apart` term (or where it arrives
+        converted). As (bytes per choice, pair terms, apart terms)."""
         ops = d.ops if upto is None else d.ops[:d.ops.index(upto) + 1]
         out: list[int] = []
         n = len(d.members[0])
         tables: dict[str, list[list[int]]] = {}  # input's decision -> bytes[its choice][d's choice]
+        # saved outputs an earlier decision alone may save (`one_saver`): (storage, it, the input's decision where d
+        # receives it from another) -> (bytes per d's choice, per the input's choice and d's whether it arrives
+        # converted)
+        alone: dict[tuple, tuple[list[int], list[list[bool]] | None]] = {}
         for c in range(n):
             most: dict[str, int] = {}
             received: set[str] = set()
+            roots_here: dict[str, set[str]] = {}  # what d saves of each tensor under this choice
             for op, idx in zip(ops, d.members):
                 strat, node = en.strategies[op][idx[c]], nodes[op]
                 for t in en.costs[op][idx[c]].saved:
                     base, anew = fresh(t.key, d)
+                    roots_here.setdefault(root(t.key), set()).add(base)
                     arg = _received(t.key, node, strat, g, d)
+                    e = None if anew else one_saver(t.key, d)
                     if arg is None:
                         if anew:
                             most[base] = max(most.get(base, 0), t.bytes)
+                        elif e is not None:
+                            nbytes = alone.setdefault((base, *e, None), ([0] * n, None))[0]
+                            nbytes[c] = max(nbytes[c], t.bytes)
                         continue
                     if t.key in received:  # the same input as another op of d receives it: one storage at least
                         continue
                     received.add(t.key)
                     u, unconverted = _arrives(nodes[node.inputs[arg]], node, strat.inputs[arg], en, g)
+                    if e is not None:
+                        nbytes, conv = alone.setdefault((base, *e, u), ([0] * n, [[False] * n for _ in unconverted]))
+                        nbytes[c] = max(nbytes[c], t.bytes)
+                        for cu, same in enumerate(unconverted):
+                            conv[cu][c] = not same
+                        continue
                     table = tables.setdefault(u, [[0] * n for _ in unconverted])
                     for cu, same in enumerate(unconverted):
                         table[cu][c] += t.bytes if anew or not same else 0
+            for (base, *_), (nbytes, _) in alone.items():  # d saving that tensor twice: one storage, or two
+                if nbytes[c] and roots_here[root(base)] != {base}:
+                    nbytes[c] = 0
             # a view and the output of the op it views may be one storage: the larger of them (not an op's own buffer:
             # hf-gpt2's MLP projection keeps its converted input beside the GELU's view of its output, 32 KiB)
             viewed = {sid[:-2] for sid in most if sid.endswith(":*")}
@@ -257,19 +316,30 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                                                              else sid)
                 groups[group] = max(groups.get(group, 0), nbytes)
             out.append(sum(groups.values()))
-        return out, [(u, d.name, table) for u, table in tables.items() if any(map(any, table))]
+        pairs = [(u, d.name, table) for u, table in tables.items() if any(map(any, table))]
+        apart: list[Apart] = []
+        for (_, e, spare, u), (nbytes, conv) in alone.items():
+            if not any(nbytes):
+                continue
+            # anew where e's choice saves none of it (LLaMA's up projection saving the normed input that the gate
+            # projection, before it, keeps only as a converted copy: 64 KiB in each layer's re-run), or where it
+            # reaches d converted
+            if u is None:
+                pairs.append((e, d.name, [[b if free else 0 for b in nbytes] for free in spare]))
+            else:
+                apart.append(Apart(d.name, nbytes, [(e, None, list(spare)), (u, d.name, conv)]))
+        return out, pairs, apart
 
-    known: dict[tuple[str, str | None], tuple[list[int], list[tuple[str, str, list[list[int]]]]]] = {}
+    known: dict[tuple[str, str | None], Remade] = {}
 
-    def recomputed_once(d: Decision, upto: str | None = None
-                        ) -> tuple[list[int], list[tuple[str, str, list[list[int]]]]]:
+    def recomputed_once(d: Decision, upto: str | None = None) -> Remade:
         """`recomputed`, each (decision, op) once: the rows at the backward and at the forward re-run ask alike."""
         if (d.name, upto) not in known:
             known[(d.name, upto)] = recomputed(d, upto)
         return known[(d.name, upto)]
 
     # per block: its decisions in order, each with what its recomputation makes anew
-    in_block: dict[str, list[tuple[str, tuple[list[int], list[tuple[str, str, list[list[int]]]]]]]] = {}
+    in_block: dict[str, list[tuple[str, Remade]]] = {}
     if checkpointing:
         for d in g.decisions.values():
             if d.block is not None and d.block in inside:
@@ -397,13 +467,15 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
             elif recomputation and joins is not None:
                 place(joins, terms, row_pairs, row_apart)
             rest = sorted((u, b) for u, b in terms.items() if u != node)
-            mine, copies = recomputed_once(g.decisions[node], op.name) if recomputation else ([0] * len(work), [])
+            mine, copies, remade = (recomputed_once(g.decisions[node], op.name) if recomputation
+                                    else ([0] * len(work), [], []))
             earlier: list[tuple[str, list[int]]] = []
             if recomputation:
                 order = [name for name, _ in in_block[block]]
                 before_op = in_block[block][:order.index(node)]
-                earlier = [(w, nbytes) for w, (nbytes, _) in before_op if any(nbytes)]
-                copies = [x for _, (_, more) in before_op for x in more] + copies
+                earlier = [(w, nbytes) for w, (nbytes, _, _) in before_op if any(nbytes)]
+                copies = [x for _, (_, more, _) in before_op for x in more] + copies
+                row_apart += [x for _, (_, _, more) in before_op for x in more] + remade
             for source in [None, *sources] if recomputation else [None]:
                 base = work if source is None else [0] * len(work)  # the op's, or the conversion's on the edge
                 own = [a + b + c for a, b, c in zip(base, terms[node], mine)]

@@ -31,7 +31,7 @@ from planner.search.price_nodes import _out_layout
 from planner.search.solve.problem import Apart, HeldBeside
 from planner.trace.graph import ModelGraph
 
-__all__ = ["Alive", "forward_rows"]
+__all__ = ["Alive", "Remade", "forward_rows"]
 
 # kinds whose output may be a view of their input (`planner.plans.recompute`'s and `planner.plans.storage`'s tests):
 # such an output is no new storage under some layouts, so it never counts as an intermediate here
@@ -39,7 +39,10 @@ _VIEWS = (*_MAY_VIEW, "split", "expand", "complex_view")
 
 Vector = tuple[str, list[int]]
 Pair = tuple[str, str, list[list[int]]]
-Recomputed = Callable[[Decision, str | None], tuple[list[int], list[Pair]]]
+# what a decision's ops save anew in its block's re-run (`held.held_beside`'s `recomputed`): bytes per choice, pair
+# terms, apart terms
+Remade = tuple[list[int], list[Pair], list[Apart]]
+Recomputed = Callable[[Decision, str | None], Remade]
 # the gradients alive at a block's trigger (`held.held_beside`'s `alive_at`): terms, floor, pair terms, apart terms
 Alive = tuple[list[Vector], int, list[Pair], list[Apart]]
 
@@ -233,14 +236,16 @@ def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, save
             live_own, live_vec, live_pairs = _intermediates(ch, blk, k_name, before)
             earlier: list[Vector] = []
             copies: list[Pair] = []
+            remade: list[Apart] = []
             for w in before:
-                nbytes, more = recomputed(g.decisions[w], None)
+                nbytes, more, also = recomputed(g.decisions[w], None)
                 if any(nbytes):
                     earlier.append((w, nbytes))
                 copies += more
+                remade += also
             # the op's own: what it and its decision's ops before it save anew, its output (a new storage it does
             # not save), its forward buffers, and the converted inputs it reads but does not save
-            mine, mine_copies = recomputed(dk, k_name)
+            mine, mine_copies, mine_apart = recomputed(dk, k_name)
             output = ch.out_bytes(k_name) if ch.new_storage(k_op) else [0] * n_k
             output = [0 if s else n for s, n in zip(ch.saves_own(k_name), output)]
             extra = [c.fwd_extra_bytes for c in ch.costs(k_name)]
@@ -254,12 +259,13 @@ def forward_rows(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, save
                 conversions += [x for x in [ch.conversion(k_op, a, du, dk)] if x is not None]
             base = [x + y + z + w for x, y, z, w in zip(mine, output, extra, live_own)]
             rows.append(HeldBeside(dk.name, base, grad_terms, floor, True, None, grad_pairs, earlier + live_vec,
-                                   copies + mine_copies + live_pairs + unsaved, grad_apart))
+                                   copies + mine_copies + live_pairs + unsaved, grad_apart + remade + mine_apart))
             if conversions:  # the forward conversion into k, beside what was recomputed before it
                 upto = dk.ops[kk - 1] if kk > 0 else None
-                prior, prior_copies = recomputed(dk, upto) if upto is not None else ([0] * n_k, [])
+                prior, prior_copies, prior_apart = recomputed(dk, upto) if upto is not None else ([0] * n_k, [], [])
                 base = [x + w for x, w in zip(prior, live_own)]
                 for conv in conversions:
                     rows.append(HeldBeside(dk.name, base, grad_terms, floor, True, None, grad_pairs, earlier + live_vec,
-                                           copies + prior_copies + live_pairs + [conv], grad_apart))
+                                           copies + prior_copies + live_pairs + [conv],
+                                           grad_apart + remade + prior_apart))
     return rows, covered
