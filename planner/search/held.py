@@ -21,13 +21,12 @@ passthrough breaks (a pair term); a saved tensor that may be a view of a storage
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from cost_models.grad_buffers import held_groups, passthrough_candidates, tracked_gradients
 from cost_models.mesh import Mesh
 from cost_models.ops import OpNode
 from cost_models.strides import is_identity
 from planner.search.decisions import Decision, Enumerated, Grouped
+from planner.search.held_apart import any_broken, on_the_way, where_any_breaks
 from planner.search.held_recompute import Alive, Remade, forward_rows
 from planner.search.held_saved import _MAY_VIEW, _arrives, _head, _is_output, _received, _Saves
 from planner.search.solve.problem import Apart, HeldBeside
@@ -35,88 +34,6 @@ from planner.search.tied import tied_uses
 from planner.trace.graph import ModelGraph
 
 __all__ = ["held_beside", "recomputation_triggers"]
-
-
-def _apart(op: str, shared: list[str], links: Mapping[str, tuple[OpNode, int]]) -> list[str]:
-    """The tensors on `op`'s path of passthroughs (each to its last reader, `passthrough_candidates`) up to where it
-    meets the path of a gradient in `shared`, which may share its output gradient's storage: where any of their
-    passthroughs breaks, `op`'s is apart from all of theirs."""
-    def path(name: str) -> list[str]:
-        out = [name]
-        while out[-1] in links and links[out[-1]][0].name not in out:
-            out.append(links[out[-1]][0].name)
-        return out
-
-    mine = path(op)
-    theirs = {x for m in shared for x in path(m)}
-    return mine[:next((i for i, x in enumerate(mine) if x in theirs), 1)]
-
-
-def _any_broken(terms: list[tuple[str, list[int]] | tuple[str, str, list[list[int]]]]
-                ) -> tuple[str, list[int]] | tuple[str, str, list[list[int]]]:
-    """One term counting the most of `terms` (each a passthrough's: bytes per choice of a decision, or per pair of
-    choices of two) under an assignment, where they are set by at most two decisions together; else the first.
-    One row with the larger term, not one row per passthrough: rows per passthrough left HF LLaMA's held ILP on
-    4x4x4 at 2x its smallest budget at its work limit, 16 % from its bound where it had proven its optimum."""
-    names = list(dict.fromkeys(d for term in terms for d in term[:-1]))
-    if len(names) > 2:
-        return terms[0]
-    sizes = {}
-    for term in terms:
-        table = term[-1]
-        sizes[term[0]] = len(table)
-        if len(term) == 3:
-            sizes[term[1]] = len(table[0])
-
-    def value(term: tuple, pick: dict[str, int]) -> int:
-        table = term[-1]
-        return table[pick[term[0]]] if len(term) == 2 else table[pick[term[0]]][pick[term[1]]]
-
-    if len(names) == 1:
-        (a,) = names
-        return a, [max(value(t, {a: i}) for t in terms) for i in range(sizes[a])]
-    a, b = names
-    return a, b, [[max(value(t, {a: i, b: j}) for t in terms) for j in range(sizes[b])] for i in range(sizes[a])]
-
-
-def _only_where_broken(found: tuple[str, list[int]] | tuple[str, str, list[list[int]]], u: str, nbytes: list[int]
-                       ) -> tuple:
-    """A waiting gradient of nbytes[c] under choice c of decision `u`, counted only where `found` (a passthrough
-    term, nonzero where it breaks) is nonzero: a term over u's choices, or a pair term, where `found` is set by at
-    most one decision other than `u`; else an `Apart` term (u and the pair `found` is set by).
-    Not its bytes, plus its most where the passthrough breaks, less that most: linear, but below zero where they
-    share and its choice is not its largest (gpt-tiny's MLP projection, 2 KiB less 32 KiB: a row below the op's own
-    working set, which let the held ILP's bound fall 52 % short of an answer's time)."""
-    if len(found) == 2:
-        a, vec = found
-        if a == u:
-            return u, [b if x else 0 for b, x in zip(nbytes, vec)]
-        return u, a, [[b if x else 0 for x in vec] for b in nbytes]
-    a, b, mat = found
-    if u in (a, b):
-        first = a == u
-        return a, b, [[(nbytes[i] if first else nbytes[j]) if x else 0 for j, x in enumerate(row)]
-                      for i, row in enumerate(mat)]
-    return Apart(u, nbytes, [(a, b, [[x != 0 for x in row] for row in mat])])
-
-
-def _where_any_breaks(terms: list[tuple[str, list[int]] | tuple[str, str, list[list[int]]]], u: str, nbytes: list[int]
-                      ) -> tuple:
-    """A gradient of nbytes[c] under choice c of decision `u` counted where any of `terms` (passthroughs' terms,
-    nonzero where one breaks) is: `_only_where_broken` of their largest where at most two decisions set them, else an
-    `Apart` term with one condition per pair of decisions (`_any_broken`'s first term alone misses the others: the
-    breaks on the other gradient's way, gpt-tiny's residual reaching the block's last add converted)."""
-    if len({d for term in terms for d in term[:-1]}) <= 2:
-        return _only_where_broken(_any_broken(terms), u, nbytes)
-    by: dict[tuple, list] = {}
-    for term in terms:
-        by.setdefault(tuple(term[:-1]), []).append(term)
-    conditions: list[tuple[str, str | None, list]] = []
-    for same in by.values():
-        m = _any_broken(same)
-        conditions.append((m[0], None, [x != 0 for x in m[1]]) if len(m) == 2
-                          else (m[0], m[1], [[x != 0 for x in row] for row in m[2]]))
-    return Apart(u, nbytes, conditions)
 
 
 def recomputation_triggers(graph: ModelGraph, en: Enumerated, g: Grouped) -> dict[str, str]:
@@ -184,7 +101,7 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         into[node] = [a + b for a, b in zip(into.get(node, [0] * len(nbytes)), nbytes)]
 
     def place(found: tuple, into: dict[str, list[int]], pairs: list, apart: list[Apart]) -> None:
-        """A term counted where passthroughs break (`_where_any_breaks`) into a row's vectors, pairs or apart terms."""
+        """A term counted where passthroughs break (`where_any_breaks`) into a row's vectors, pairs or apart terms."""
         if isinstance(found, Apart):
             apart.append(found)
         elif len(found) == 2:
@@ -195,7 +112,7 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
     def both_ways(op: str, other: str) -> list[str]:
         """The tensors whose passthroughs, where any breaks, keep `op`'s gradient apart from `other`'s (which may
         share its storage): on either's way to where they meet."""
-        return [x for x in _apart(op, [other], links) + _apart(other, [op], links) if x in links]
+        return [x for x in on_the_way(op, [other], links) + on_the_way(other, [op], links) if x in links]
 
     # (producer's decision, consumer's decision) -> the op-level conversions between them (op, argument)
     crossing: dict[tuple[str, str], int] = {}
@@ -398,7 +315,7 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
             ways = both_ways(t.name, shared[0])
             if t.name in tracked and ways:
                 u, nbytes = per_choice(t.name, grad)
-                place(_where_any_breaks([broken(nodes[x], max(nbytes)) for x in ways], u, nbytes), terms, pairs, apart)
+                place(where_any_breaks([broken(nodes[x], max(nbytes)) for x in ways], u, nbytes), terms, pairs, apart)
         else:
             floor += min(min(per_choice(m, grad)[1]) for m in shared)
         return sorted((u, b) for u, b in terms.items() if any(b)), floor, pairs, apart
@@ -413,7 +330,7 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         held: dict[str, list[int]] = {node: [0] * len(work)}  # the gradients waiting, by their producers' decisions
         floor = count_waiting(waiting, held)
         # the gradients sharing the op's output's storage where it hands its gradient on: apart where a passthrough on
-        # its way to theirs breaks (one tensor: its bytes where it breaks, nothing where they share, `_only_where_broken`;
+        # its way to theirs breaks (one tensor: its bytes where it breaks, nothing where they share, `only_where_broken`;
         # several: the least of theirs where it breaks). gpt-tiny's MLP projection: the residual stream's
         # gradient waits beside it apart from its output's where the dropout after it hands its gradient to the
         # residual add converted, 32 KiB the op's own passthrough alone does not see.
@@ -421,11 +338,11 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         apart: list[Apart] = []
         if len(shared) == 1 and both_ways(op.name, shared[0]):  # on either's way to where they meet
             u, nbytes = per_choice(shared[0], grad)
-            place(_where_any_breaks([broken(nodes[x], max(nbytes)) for x in both_ways(op.name, shared[0])], u, nbytes),
+            place(where_any_breaks([broken(nodes[x], max(nbytes)) for x in both_ways(op.name, shared[0])], u, nbytes),
                   held, pairs, apart)
         elif shared and op.name in links:  # several: apart from all of theirs where the op's own way breaks
             least = min(min(per_choice(m, grad)[1]) for m in shared)
-            place(_any_broken([broken(nodes[x], least) for x in _apart(op.name, shared, links)]), held, pairs, apart)
+            place(any_broken([broken(nodes[x], least) for x in on_the_way(op.name, shared, links)]), held, pairs, apart)
         if checkpointing and triggers.get(op.block) == op.name:
             beside_trigger[op.block] = alive_at(op, waiting, shared)
         # at the recomputation: only ops of a block whose trigger is fixed, up to it (the plan counts no recomputed
@@ -444,11 +361,11 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
             if len(waiting[roots[t]]) == 1:  # one: apart where a passthrough on either's way breaks, t's bytes
                 u, nbytes = per_choice(t, grad)
                 ways = both_ways(t, waiting[roots[t]][0])
-                joins = _where_any_breaks([broken(nodes[x], max(nbytes)) for x in ways], u, nbytes) if ways else None
+                joins = where_any_breaks([broken(nodes[x], max(nbytes)) for x in ways], u, nbytes) if ways else None
             else:
                 least = min(per_choice(t, grad)[1])
-                ways = [broken(nodes[x], least) for x in _apart(t, waiting[roots[t]], links) if x in links]
-                joins = _any_broken(ways) if ways else None
+                ways = [broken(nodes[x], least) for x in on_the_way(t, waiting[roots[t]], links) if x in links]
+                joins = any_broken(ways) if ways else None
         # the op's own working set, or, at the recomputation, the conversion into it from a decision it is the
         # only conversion from (elsewhere the plan takes what the op saves off a conversion's working set, the
         # storages it keeps: views and converted copies can make that more than the rule's saved bytes, which the
