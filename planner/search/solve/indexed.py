@@ -82,14 +82,31 @@ class HeldRow:
                 + sum(int(b[choice[u]]) for u, b, conditions in self.apart if any(
                     m[choice[x]] if y is None else m[choice[x], choice[y]] for x, y, m in conditions)))
 
-    def restricted(self, keep: list[np.ndarray]) -> HeldRow:
-        """The row with node v's options cut to keep[v] (`fixing.restrict`)."""
-        return HeldRow(self.node, self.own[keep[self.node]], [(u, b[keep[u]]) for u, b in self.terms], self.floor,
-                       self.recomputation, self.source, [(u, w, b[np.ix_(keep[u], keep[w])]) for u, w, b in self.pairs],
-                       [(u, b[keep[u]]) for u, b in self.recomputed],
-                       [(u, w, b[np.ix_(keep[u], keep[w])]) for u, w, b in self.recomputed_pairs],
-                       [(u, b[keep[u]], [(x, y, m[keep[x]] if y is None else m[np.ix_(keep[x], keep[y])])
-                                         for x, y, m in conditions]) for u, b, conditions in self.apart])
+    def restricted(self, keep: list[np.ndarray], memo: dict[int, tuple[object, object]] | None = None) -> HeldRow:
+        """The row with node v's options cut to keep[v] (`fixing.restrict`); `memo`: the terms cut so far, by
+        identity (rows share their terms: each is cut once)."""
+        memo = {} if memo is None else memo
+
+        def cut(term: tuple, how: Callable[[tuple], object]) -> object:
+            got = memo.get(id(term))
+            if got is None or got[0] is not term:
+                got = memo[id(term)] = (term, how(term))
+            return got[1]
+
+        def vector(t: tuple) -> tuple:
+            return t[0], t[1][keep[t[0]]]
+
+        def pair(t: tuple) -> tuple:
+            return t[0], t[1], t[2][np.ix_(keep[t[0]], keep[t[1]])]
+
+        def apart(t: tuple) -> tuple:
+            return t[0], t[1][keep[t[0]]], [(x, y, m[keep[x]] if y is None else m[np.ix_(keep[x], keep[y])])
+                                            for x, y, m in t[2]]
+
+        return HeldRow(self.node, self.own[keep[self.node]], [cut(t, vector) for t in self.terms], self.floor,
+                       self.recomputation, self.source, [cut(t, pair) for t in self.pairs],
+                       [cut(t, vector) for t in self.recomputed], [cut(t, pair) for t in self.recomputed_pairs],
+                       [cut(t, apart) for t in self.apart])
 
 
 def _both(a: np.ndarray | None, b: np.ndarray | None, combine: Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -349,22 +366,30 @@ class IndexedProblem:
         return out
 
     def _read_held(self) -> None:
-        """`held[k]` per `Problem.held_beside` entry, with node indices and arrays (`HeldRow`)."""
+        """`held[k]` per `Problem.held_beside` entry, with node indices and arrays (`HeldRow`). A term shared by many
+        rows (the gradients at a block's trigger, the activations its re-run made before an op: the same objects in
+        every row of the block) is read once."""
         self.held: list[HeldRow] = []
-        for h in self.problem.held_beside:
-            where = f"held_beside {h.node!r}"
-            v = self._node(h.node, where)
+        read: dict[int, tuple[object, object]] = {}  # id -> (the term, as read): a term object read once
 
-            terms = [(u, self._choice_bytes(nbytes, u, f"{where} bytes of {name!r}"))
-                     for name, nbytes in h.held for u in [self._node(name, where)]]
-            pairs, recomputed_pairs = self._pair_bytes(h.pairs, where), self._pair_bytes(h.recomputed_pairs, where)
-            source = None if h.conversion_from is None else self._node(h.conversion_from, where)
-            recomputed = [(u, self._choice_bytes(nbytes, u, f"{where} recomputed bytes of {name!r}"))
-                          for name, nbytes in h.recomputed for u in [self._node(name, where)]]
-            if (recomputed or recomputed_pairs) and not h.recomputation:
-                raise ProblemError(f"{where} has recomputed bytes but is not at a recomputation")
-            apart = []
-            for name, nbytes, conditions in h.apart:
+        def once(term: object, how: Callable[[object], object]) -> object:
+            got = read.get(id(term))
+            if got is None or got[0] is not term:
+                got = read[id(term)] = (term, how(term))
+            return got[1]
+
+        def vector(where: str, what: str) -> Callable[[object], object]:
+            def how(term: tuple) -> tuple[int, np.ndarray]:
+                u = self._node(term[0], where)
+                return u, self._choice_bytes(term[1], u, f"{where} {what} of {term[0]!r}")
+            return how
+
+        def pair(where: str) -> Callable[[object], object]:
+            return lambda term: self._pair_bytes([term], where)[0]
+
+        def apart(where: str) -> Callable[[object], object]:
+            def how(term: tuple) -> tuple:
+                name, nbytes, conditions = term
                 u = self._node(name, where)
                 if not conditions:
                     raise ProblemError(f"{where} apart term of {name!r} has no condition; give at least one")
@@ -377,9 +402,22 @@ class IndexedProblem:
                     else:
                         (ia, ib, m), = self._pair_bytes([(a, b, np.asarray(breaks, dtype=np.int64))], f"{where} apart")
                         conds.append((ia, ib, m != 0))
-                apart.append((u, self._choice_bytes(nbytes, u, f"{where} apart bytes of {name!r}"), conds))
+                return u, self._choice_bytes(nbytes, u, f"{where} apart bytes of {name!r}"), conds
+            return how
+
+        for h in self.problem.held_beside:
+            where = f"held_beside {h.node!r}"
+            v = self._node(h.node, where)
+            terms = [once(t, vector(where, "bytes")) for t in h.held]
+            pairs = [once(t, pair(where)) for t in h.pairs]
+            recomputed_pairs = [once(t, pair(where)) for t in h.recomputed_pairs]
+            source = None if h.conversion_from is None else self._node(h.conversion_from, where)
+            recomputed = [once(t, vector(where, "recomputed bytes")) for t in h.recomputed]
+            if (recomputed or recomputed_pairs) and not h.recomputation:
+                raise ProblemError(f"{where} has recomputed bytes but is not at a recomputation")
+            aparts = [once(t, apart(where)) for t in h.apart]
             self.held.append(HeldRow(v, self._choice_bytes(h.own, v, f"{where} own"), terms, int(h.floor),
-                                     bool(h.recomputation), source, pairs, recomputed, recomputed_pairs, apart))
+                                     bool(h.recomputation), source, pairs, recomputed, recomputed_pairs, aparts))
         unknown = sorted(set(self.problem.held_rerun) - set(self.block_names))
         if unknown:
             raise ProblemError(f"held_rerun names unknown blocks {unknown[:5]}; name blocks of problem.blocks")

@@ -23,7 +23,7 @@ from planner.search.solve.indexed import IndexedProblem
 from planner.search.solve.milp import WORK_LIMIT, resolve_solver, solve_milp
 from planner.search.solve.problem import NOT_PROVEN, Problem, Solution, relative_gap
 
-__all__ = ["CERTIFY_WORK", "EXACT_FLAT_PAIRS", "EXACT_FLAT_PAIRS_MANY", "EXACT_GAP", "EXACT_WORK", "FIT_ROUNDS",
+__all__ = ["CERTIFY_SHARE", "CERTIFY_WORK", "EXACT_FLAT_PAIRS", "EXACT_FLAT_PAIRS_MANY", "EXACT_GAP", "EXACT_WORK", "FIT_ROUNDS",
            "HELD_BOUND", "PROVE_WORK", "RETRY_SHRINK", "RETRY_WORK_SHARE", "as_given", "held_exact", "refine_answer", "worth_refining"]
 
 # With method "auto", a priced answer not proven within EXACT_GAP of optimal is handed to the flat ILP (exact,
@@ -64,6 +64,11 @@ HELD_BOUND = ("proven optimal for the solver's memory formulas only, which count
 # +15 % plan time in all. Over every level (where none was left) it takes longer than the plan: HF LLaMA 64 ranks 1x,
 # 1,361 of 1,396 options kept, stopped at this work after 8.5 s, 41 % from its bound.
 CERTIFY_WORK = WORK_LIMIT
+# ... and where that search left no range that can beat it, over every level (`_fixing_ranges`) where reduced-cost
+# fixing keeps at most this share of the options (`fixing.kept_share`). On the tiny HF bench at their smallest budgets:
+# LLaMA, Qwen2, GPT-NeoX, OPT on 8 ranks keep 10-14 % and are proven as the plan counts in 1.6-3.1 s (as long as
+# before); BERT on 8 ranks keeps 88 % (+0.9 s to prove) and LLaMA on 64 ranks 90 % (+7 s): left to `prove=True`.
+CERTIFY_SHARE = 0.5
 # Where the caller's account does not fit the answer of that flat ILP, it runs again under the budget tightened by
 # what the account counted beyond the ILP's own peak (`_fixed`), by at most this share of the budget. Below it the
 # retries found the faster plans (HF BERT 64 ranks 1x: 0.02 %, 52.57 -> 51.45 ms; HF OPT 64 1.25x: 0.56 %,
@@ -141,16 +146,15 @@ def _held_certified(search: PricedSolve, ip: IndexedProblem, exact: IndexedProbl
     `Solution.plan_proven`.)
 
     With `prove` (`work` None): without a work limit, over every level where the formulas' ranges leave none that
-    can beat `out` (`_fixing_ranges`). By default (`work`: CERTIFY_WORK), only over the ranges that can beat
-    `out`. Its bound, where it proves one, is the answer's: a held bound below `out` leaves it "feasible" with that
-    gap, which holds for the plan (tiny HF LLaMA, 8 ranks, 1.5x: 0.3951 ms, 3.1 % from the held optimum 0.3827 ms,
-    which the plan refuses); none leaves `out` as it was, proven for the formulas, as it says."""
-    if work is not None and not _beatable(search, out.objective):
-        return out
+    can beat `out` (`_fixing_ranges`). By default (`work`: CERTIFY_WORK), over the ranges that can beat `out`, or
+    where none can, over every level where reduced-cost fixing keeps at most CERTIFY_SHARE of the options. Its
+    bound, where it proves one, is the answer's: a held bound below `out` leaves it "feasible" with that gap, which
+    holds for the plan (`HELD_BOUND`); none leaves `out` as it was, proven for the formulas, as it says."""
+    wide = work is not None and not _beatable(search, out.objective)
     doubt = copy.copy(out)
     doubt.status, doubt.bound, doubt.gap = "feasible", math.nan, math.nan
     doubt.message, doubt.formulas_proven = HELD_BOUND, True
-    got = _fixed(search, ip, exact, name, deadline, doubt, over, work, True, at)
+    got = _fixed(search, ip, exact, name, deadline, doubt, over, work, True, at, CERTIFY_SHARE if wide else None)
     if got is doubt and math.isnan(doubt.bound):
         return out  # no held proof came of it (the deadline, its work limit): the formulas' proof, as it says
     if got is doubt and doubt.plan_proven:  # the held rows' bound at the budget closed the gap (`_fixed`, `_closes`)
@@ -191,7 +195,7 @@ def _faster_known(exact: IndexedProblem, sol: Solution, known: Solution | None,
 
 def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name: str, deadline: float,
            out: Solution, over: Callable[[Solution], int], work_limit: int | None, held: bool = False,
-           at: int | None = None) -> Solution:
+           at: int | None = None, max_share: float | None = None) -> Solution:
     """`out`, or the answer of the flat ILP over the options that can beat it (`fixing.prove`, with this work
     limit) where the caller's account fits that (`over`: the bytes it takes beyond the budget by the account).
     Where it does not, `out` with the bound it proves, and the same ILP again under the budget tightened by
@@ -203,14 +207,14 @@ def _fixed(search: PricedSolve, ip: IndexedProblem, exact: IndexedProblem, name:
     more than the plan (gpt-tiny on 4x4x4 at 1.5x its smallest budget, loosened by 2 KiB: 2.9380 ms proven at
     the budget, 1.96 % unproven before). (HF BERT on 64 ranks, 8x8, at its smallest budget: 256 B over, and again: 52.57 -> 51.45 ms.)
     The ILPs count the gradients held beside each op (`build_flat(held=True)`) once an answer without them is
-    refused, or from the start with `held`."""
+    refused, or from the start with `held`. `max_share`: `fixing.prove`'s (none solved where it keeps more)."""
     ranges = _fixing_ranges(search, out.objective)
     # without the held rows first where they were not asked for, then (where the account refuses that answer) the
     # same ILPs counting them, as the plan's accounting does
     counting = (False,) if not ip.has_held else (True,) if held else (False, True)
     proved = None
     for held in counting:
-        again = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit, held=held)
+        again = fixing.prove(ip, out, ranges, name, deadline, work_limit=work_limit, held=held, max_share=max_share)
         if again is None:
             break
         proved, (excess, beyond) = again, _judged(ip, exact, again, over)
