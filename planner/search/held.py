@@ -109,10 +109,15 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         else:
             pairs.append(found)
 
-    def both_ways(op: str, other: str) -> list[str]:
-        """The tensors whose passthroughs, where any breaks, keep `op`'s gradient apart from `other`'s (which may
-        share its storage): on either's way to where they meet."""
-        return [x for x in on_the_way(op, [other], links) + on_the_way(other, [op], links) if x in links]
+    def apart_from(op: str, other: str, counted: str) -> tuple | None:
+        """The gradient of `counted` (`op` or `other`) counted where it is apart from the other's, which may share its
+        storage: where a passthrough on either's way to where they meet breaks (`where_any_breaks`); None where none
+        can."""
+        ways = [x for x in on_the_way(op, [other], links) + on_the_way(other, [op], links) if x in links]
+        if not ways:
+            return None
+        u, nbytes = per_choice(counted, grad)
+        return where_any_breaks([broken(nodes[x], max(nbytes)) for x in ways], u, nbytes)
 
     # (producer's decision, consumer's decision) -> the op-level conversions between them (op, argument)
     crossing: dict[tuple[str, str], int] = {}
@@ -312,10 +317,9 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
                 add(terms, *per_choice(t.name, grad))
         elif len(shared) == 1:
             add(terms, *per_choice(shared[0], grad))
-            ways = both_ways(t.name, shared[0])
-            if t.name in tracked and ways:
-                u, nbytes = per_choice(t.name, grad)
-                place(where_any_breaks([broken(nodes[x], max(nbytes)) for x in ways], u, nbytes), terms, pairs, apart)
+            found = apart_from(t.name, shared[0], t.name) if t.name in tracked else None
+            if found is not None:
+                place(found, terms, pairs, apart)
         else:
             floor += min(min(per_choice(m, grad)[1]) for m in shared)
         return sorted((u, b) for u, b in terms.items() if any(b)), floor, pairs, apart
@@ -336,11 +340,10 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         # residual add converted, 32 KiB the op's own passthrough alone does not see.
         pairs: list[tuple[str, str, list[list[int]]]] = []
         apart: list[Apart] = []
-        if len(shared) == 1 and both_ways(op.name, shared[0]):  # on either's way to where they meet
-            u, nbytes = per_choice(shared[0], grad)
-            place(where_any_breaks([broken(nodes[x], max(nbytes)) for x in both_ways(op.name, shared[0])], u, nbytes),
-                  held, pairs, apart)
-        elif shared and op.name in links:  # several: apart from all of theirs where the op's own way breaks
+        found = apart_from(op.name, shared[0], shared[0]) if len(shared) == 1 else None
+        if found is not None:  # on either's way to where they meet
+            place(found, held, pairs, apart)
+        elif len(shared) > 1 and op.name in links:  # several: apart from all of theirs where the op's own way breaks
             least = min(min(per_choice(m, grad)[1]) for m in shared)
             place(any_broken([broken(nodes[x], least) for x in on_the_way(op.name, shared, links)]), held, pairs, apart)
         if checkpointing and triggers.get(op.block) == op.name:
@@ -359,9 +362,7 @@ def held_beside(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, check
         if (block is not None and roots[t] in waiting and roots[t] != roots[op.name] and t not in waiting[roots[t]]
                 and all(roots.get(src) != roots[t] for src in op.inputs)):
             if len(waiting[roots[t]]) == 1:  # one: apart where a passthrough on either's way breaks, t's bytes
-                u, nbytes = per_choice(t, grad)
-                ways = both_ways(t, waiting[roots[t]][0])
-                joins = where_any_breaks([broken(nodes[x], max(nbytes)) for x in ways], u, nbytes) if ways else None
+                joins = apart_from(t, waiting[roots[t]][0], t)
             else:
                 least = min(per_choice(t, grad)[1])
                 ways = [broken(nodes[x], least) for x in on_the_way(t, waiting[roots[t]], links) if x in links]
