@@ -27,7 +27,7 @@ from cost_models.strategy import OpCost, Strategy
 from cost_models.strides import is_identity
 from planner.search.decisions import Decision, Enumerated, Grouped
 from planner.search.held_saved import _MAY_VIEW, _arrives, _head, _is_output, _Saves
-from planner.search.price_nodes import _out_layout
+from planner.search.price_nodes import _out_layout, views_as_it_flows
 from planner.search.solve.problem import Apart, HeldBeside
 from planner.trace.graph import ModelGraph
 
@@ -58,6 +58,11 @@ class _Block:
             for src in nodes[name].inputs:
                 if src in self.pos:
                     self.last_read[src] = max(self.last_read.get(src, -1), self.pos[name])
+        self.viewers: dict[str, list[str]] = {}  # op -> the ops of the block whose output may view its output
+        for name in ops:
+            src = nodes[name].inputs[:1]
+            if src and src[0] in self.pos and saves.views_input(nodes[name]):
+                self.viewers.setdefault(src[0], []).append(name)
         self.savers: dict[str, set[str]] = {}  # op -> the other ops of the block that may save its storage
         for name in ops:
             for cost in en.costs.get(name, ()):
@@ -157,53 +162,102 @@ class _Choices:
         return (du.name, dk.name, table) if any(map(any, table)) else None
 
 
+def _kept_table(ch: _Choices, j_name: str, s_name: str) -> list[list[int]] | None:
+    """Where op `s_name` saves op `j_name`'s output as it receives it, unconverted (then its own saves count it):
+    table[cj][cs] over j's and s's decisions' choices (one decision: the diagonal counts). None where s may save that
+    storage otherwise (through a view, or a copy it converts), which is not followed."""
+    j_op, s_op = ch.nodes[j_name], ch.nodes[s_name]
+    args = [a for a, src in enumerate(s_op.inputs) if src == j_name]
+    direct = {tensor_key(j_name, st.inputs[a]) for st in ch.strategies(s_name) for a in args
+              if a < len(st.inputs) and st.inputs[a] is not None}
+    if not args or any((_head(x.key) == j_name or ch.saves.storage(x.key)[1] == j_name) and x.key not in direct
+                       for c in ch.costs(s_name) for x in c.saved):
+        return None
+
+    def kept(same: bool, lv: Layout | None, cost: OpCost) -> int:
+        return int(same and lv is not None and tensor_key(j_name, lv) in {x.key for x in cost.saved})
+
+    (dj, _), (ds, _) = ch.decision(j_name), ch.decision(s_name)
+    if dj is ds:  # one decision: j's output reaches s unconverted where s takes its layout
+        n = len(ds.members[0])
+        diag = [int(any(kept(st.inputs[a] == _out_layout(ch.strategies(j_name)[c], j_op, s_op), st.inputs[a], cost)
+                        for a in args)) for c, (st, cost) in enumerate(zip(ch.strategies(s_name), ch.costs(s_name)))]
+        return [[diag[c] if c == cs else 0 for cs in range(n)] for c in range(n)]
+    tables = [ch.by_pair(dj, s_op, a, kept) for a in args]
+    return [[int(any(tb[cj][cs] for tb in tables)) for cs in range(len(tables[0][0]))] for cj in range(len(tables[0]))]
+
+
+def _read_through_view(ch: _Choices, blk: _Block, j_name: str, p: int) -> tuple[Decision, list[list[bool]]] | None:
+    """Where op `j_name`'s output is read at or after position `p` only through one op that views it (the plan's
+    `storage_bases`: an identity dropout or a view of it as it flows, unconverted): that op's decision and, over
+    (j's decision's choice, its decision's choice), whether it views it; else None."""
+    via = [r for r in blk.viewers.get(j_name, ()) if blk.last_read.get(r, -1) >= p and r in ch.g.decision_of
+           and r in ch.en.strategies]
+    if len(via) != 1:
+        return None
+    r_op, j_op = ch.nodes[via[0]], ch.nodes[j_name]
+    dr, _ = ch.decision(via[0])
+    made, takes = ch.strategies(j_name), ch.strategies(via[0])
+    views = [[views_as_it_flows(r_op, j_op, st, mk, ch.nodes, ch.saves.device, ch.saves._memo) for st in takes]
+             for mk in made]
+    return dr, views
+
+
 def _intermediates(ch: _Choices, blk: _Block, k_name: str, before: list[str]
                    ) -> tuple[list[int], list[Vector], list[Pair]]:
     """The intermediates still alive at op `k_name` of the re-run: an op's output not saved by itself, read at or after
-    k, that no op before k may save (nor a decision counted whole, `before`); where k may save it, only where k does not
-    (a pair term on whether it receives it unconverted). As (bytes on k's decision's choices, vectors, pair terms)."""
-    k_op, (dk, _) = ch.nodes[k_name], ch.decision(k_name)
+    k; where one op (k, or one before it: BERT's MLP up projection, saving the residual add's input as it receives it
+    where that arrives unconverted) may save it, only where that op does not (a pair term on whether it receives it
+    unconverted); not where two or more may (nor where a decision counted whole, `before`, may). As (bytes on k's
+    decision's choices, vectors, pair terms)."""
+    dk, _ = ch.decision(k_name)
     p = blk.pos[k_name]
     live_own = [0] * len(dk.members[0])
     live_vec: list[Vector] = []
     live_pairs: list[Pair] = []
+
+    def add(d: Decision, nbytes: list[int]) -> None:
+        if d is dk:
+            live_own[:] = [a + b for a, b in zip(live_own, nbytes)]
+        elif any(nbytes):
+            live_vec.append((d.name, nbytes))
+
     for j_name in blk.ops[:p]:
         j_op = ch.nodes[j_name]
-        if not ch.new_storage(j_op) or blk.last_read.get(j_name, -1) < p:
-            continue
-        savers = blk.savers.get(j_name, set())
-        if any(blk.pos[i] < p or ch.g.decision_of[i] in before for i in savers if i != k_name):
+        if not ch.new_storage(j_op):
             continue
         dj, _ = ch.decision(j_name)
         alive = [0 if s else n for s, n in zip(ch.saves_own(j_name), ch.out_bytes(j_name))]
-        if k_name in savers:
-            args = [a for a, src in enumerate(k_op.inputs) if src == j_name]
-            direct = {tensor_key(j_name, s.inputs[a]) for s in ch.strategies(k_name) for a in args
-                      if a < len(s.inputs) and s.inputs[a] is not None}
-            if not args or any((_head(x.key) == j_name or ch.saves.storage(x.key)[1] == j_name) and x.key not in direct
-                               for c in ch.costs(k_name) for x in c.saved):
-                continue  # k may save it otherwise than as it receives it: not followed
-
-            def kept_by_k(same: bool, lv: Layout | None, cost: OpCost, j: str = j_name) -> int:
-                """Whether k saves j's output as it receives it, unconverted (then k's own saves count it)."""
-                return int(same and lv is not None and tensor_key(j, lv) in {x.key for x in cost.saved})
-
-            if dj is dk:  # one decision: j's output reaches k unconverted where k takes its layout
-                for ck, (strat, cost) in enumerate(zip(ch.strategies(k_name), ch.costs(k_name))):
-                    made = _out_layout(ch.strategies(j_name)[ck], j_op, k_op)
-                    if any(kept_by_k(strat.inputs[a] == made, strat.inputs[a], cost) for a in args):
-                        alive[ck] = 0
-                live_own = [a + b for a, b in zip(live_own, alive)]
+        savers = [i for i in blk.savers.get(j_name, ()) if blk.pos[i] <= p or ch.g.decision_of[i] in before]
+        if len(savers) > 1 or any(ch.g.decision_of[i] in before and blk.pos[i] > p for i in savers):
+            continue
+        if blk.last_read.get(j_name, -1) < p:  # read at or after k only through a view of it (an identity dropout)
+            viewed = _read_through_view(ch, blk, j_name, p)
+            if viewed is None:
                 continue
-            tables = [ch.by_pair(dj, k_op, a, kept_by_k) for a in args]
-            table = [[0 if any(tb[cj][ck] for tb in tables) else alive[cj] for ck in range(len(live_own))]
-                     for cj in range(len(alive))]
-            if any(map(any, table)):
-                live_pairs.append((dj.name, dk.name, table))
-        elif dj is dk:
-            live_own = [a + b for a, b in zip(live_own, alive)]
-        elif any(alive):
-            live_vec.append((dj.name, alive))
+            dr, views = viewed
+            if dr is dj:
+                alive = [n if views[c][c] else 0 for c, n in enumerate(alive)]
+            elif not savers:
+                table = [[n if v else 0 for v in row] for n, row in zip(alive, views)]
+                if any(map(any, table)):
+                    live_pairs.append((dj.name, dr.name, table))
+                continue
+            else:
+                continue
+        if not savers:
+            add(dj, alive)
+            continue
+        kept = _kept_table(ch, j_name, savers[0])
+        if kept is None:
+            continue
+        ds, _ = ch.decision(savers[0])
+        if dj is ds:
+            add(dj, [0 if kept[c][c] else n for c, n in enumerate(alive)])
+            continue
+        table = [[0 if kept[cj][cs] else alive[cj] for cs in range(len(kept[0]))] for cj in range(len(alive))]
+        if any(map(any, table)):
+            live_pairs.append((dj.name, ds.name, table))
     return live_own, live_vec, live_pairs
 
 

@@ -11,7 +11,7 @@ from below of the plan's activation bytes (`planner.search.held` holds the gradi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 
 from cost_models.layout import Layout
@@ -24,6 +24,8 @@ from planner.search.decisions import Decision, Enumerated, Grouped
 from planner.search.price_nodes import _out_layout, views_as_it_flows
 from planner.search.solve.problem import HeldLess, HeldSaved
 from planner.trace.graph import ModelGraph
+
+Clause = tuple[tuple[str, tuple[bool, ...]], ...]  # held where one of these decisions' choices is marked
 
 __all__ = ["saved_copies", "saved_twice", "saved_views"]
 
@@ -110,25 +112,37 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[s
     in_blocks = {n for b in graph.blocks for n in b.nodes}
     # per decision of a block: per tensor it may save, the choices that save it; and per block, its decisions so far
     saving: dict[str, dict[str, set[int]]] = {}
-    so_far: dict[str, list[str]] = {}
+    storing: dict[str, dict[str, set[int]]] = {}  # the same per storage (`_Saves.storage`)
+    so_far: dict[str | None, list[str]] = {}  # per block, and anywhere (None)
     for d in g.decisions.values():
-        if d.block is None:
-            continue
-        mine = saving[d.name] = {}
+        mine, kept = saving[d.name], storing[d.name] = {}, {}
         for c in range(len(d.members[0])):
             for op, idx in zip(d.ops, d.members):
                 for t in en.costs[op][idx[c]].saved:
                     mine.setdefault(saves.tensor(t.key), set()).add(c)
+                    for sid in _storages(saves, t.key):
+                        kept.setdefault(sid, set()).add(c)
 
-    def taken_off(key: str, d: Decision) -> list[str] | bool:
-        """False, True (whatever the choices), or the earlier decisions of d's block that may save `key`'s tensor:
-        taken off where one of their choices does."""
+    def taken_off(key: str, d: Decision) -> Clause | bool:
+        """False, True (whatever the choices), or the clause that one of the earlier decisions that may save `key`'s
+        tensor (of d's block) or storage (made outside every block, earlier anywhere) does: taken off where it
+        holds."""
         if d.block is None:
             return False
         if (saves.storage(key)[1] or _head(key)) not in in_blocks:
-            return not saves.anew(key, anywhere[d.name])[1]
-        tensor = saves.tensor(key)
-        return [e for e in so_far.get(d.block, ()) if tensor in saving[e]] or False
+            if saves.anew(key, anywhere[d.name])[1]:
+                return False
+            return where_saved(so_far.get(None, ()), storing, _storages(saves, key, saved=False)) or True
+        return where_saved(so_far.get(d.block, ()), saving, {saves.tensor(key)}) or False
+
+    def where_saved(earlier: Iterable[str], table: dict[str, dict[str, set[int]]], names: set[str]) -> Clause:
+        """The clause that one of the `earlier` decisions' choices saves one of `names` (per `table`)."""
+        out = []
+        for e in earlier:
+            marks = set().union(*(table[e].get(x, ()) for x in names))
+            if marks:
+                out.append((e, tuple(ce in marks for ce in range(len(g.decisions[e].members[0])))))
+        return tuple(out)
 
     less: list[HeldLess] = []
     for d in g.decisions.values():
@@ -147,9 +161,7 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[s
                     continue
                 if not off:
                     continue
-                tensor = saves.tensor(key)
-                clauses = [tuple((e, tuple(ce in saving[e][tensor] for ce in range(len(g.decisions[e].members[0]))))
-                                 for e in off)]
+                clauses = [off]
                 strat = en.strategies[op][k]
                 arg = _received(key, nodes[op], strat, g, d)
                 if arg is not None:  # one storage with theirs only where it reaches d as it is made; else d's own copy
@@ -165,6 +177,7 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[s
                  for clauses, nbytes in where.items()]
         if d.block is not None:
             so_far.setdefault(d.block, []).append(d.name)
+        so_far.setdefault(None, []).append(d.name)
     return less
 
 
@@ -227,6 +240,19 @@ def saved_views(graph: ModelGraph, mesh: Mesh, en: Enumerated, g: Grouped, befor
         if any(more):
             out.append(HeldLess(d.name, more))
     return out
+
+
+def _storages(saves: _Saves, key: str, saved: bool = True) -> set[str]:
+    """The names of a saved tensor's storage (`saved`: as an earlier decision saves it) or of those it shares one with
+    (as a later decision's, `_Saves.anew`'s test): a view of an op's output is "<op>:*", and shares with any view of it
+    and with that output in any layout ("<op>:out"); that output in one layout, its key, shares with that key and with
+    any view of it."""
+    sid, viewed = saves.storage(key)
+    if viewed is not None:
+        return {sid} if saved else {sid, f"{viewed}:out"}
+    if not _is_output(key):
+        return {sid}
+    return {sid, f"{_head(key)}:out"} if saved else {sid, f"{_head(key)}:*"}
 
 
 class _Saves:

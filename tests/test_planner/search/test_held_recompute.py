@@ -61,7 +61,8 @@ def test_the_forward_rerun_rows_count_the_intermediates_the_plan_counts(name: st
 
 
 @pytest.mark.parametrize(("name", "every"), [("gpt-tiny", True), ("hf-vit", False), ("hf-vit", True), ("hf-opt", True),
-                                             ("torch-transformer-encoder", False)])
+                                             ("torch-transformer-encoder", False), ("hf-bert", True),
+                                             ("hf-bert", False), ("hf-llama", True)])
 def test_the_held_ilps_peak_never_exceeds_the_plans_bound(name: str, every: bool) -> None:
     """Random assignments: the peak the held ILP counts is a lower bound of the plan's, so its bounds hold. Where the
     held rows count a block's forward re-run, the ILP leaves the formulas' recompute rows out there
