@@ -236,15 +236,12 @@ def _intermediates(ch: _Choices, blk: _Block, k_name: str, before: list[str]
             if viewed is None:
                 continue
             dr, views = viewed
-            if dr is dj:
-                alive = [n if views[c][c] else 0 for c, n in enumerate(alive)]
-            elif not savers:
+            if dr is not dj:  # a pair term on the viewer's choice; not beside a saver's (three decisions)
                 table = [[n if v else 0 for v in row] for n, row in zip(alive, views)]
-                if any(map(any, table)):
+                if not savers and any(map(any, table)):
                     live_pairs.append((dj.name, dr.name, table))
                 continue
-            else:
-                continue
+            alive = [n if views[c][c] else 0 for c, n in enumerate(alive)]
         if not savers:
             add(dj, alive)
             continue

@@ -96,21 +96,19 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[s
     (HF LLaMA's rotary tables, saved by every layer through views); a tensor made in the block, in the same layout,
     by a decision of the block, also behind ops that return their input itself (`_Saves.tensor`: HF BERT's q, k
     and v reading the layer norm's output behind an identity dropout, HF GPT-NeoX's attention matmul saving
-    softmax's output behind a p=0 dropout). The first taken off whatever the choices (still a bound from below where
-    nothing earlier saves it, which the flat ILP with held rows must be: counting those views, HF GPT-NeoX's held
-    proof on 4x4x4 at 1.25x its smallest budget called 2.5187 ms optimal above a 2.5085 ms plan that fits); the
-    second only where an earlier decision's choice saves it and it reaches this decision as it is made
-    (`HeldLess.where`): where it reaches it converted, the decision saves a copy of its own, another storage (HF
-    OPT's q, k and v on 4x4x4 each keep one of the layer norm's output; taken off, the held ILP's 2.4474 ms answer
-    at 1.5x the smallest budget counted 8 KiB under the plan, which refused it, and the plan stayed 1.24 %
-    unproven). A tensor in another layout is another storage: taking those off too (any layout) left HF LLaMA's
+    softmax's output behind a p=0 dropout). Each only where an earlier decision's choice saves it (the first: its
+    storage, `_storages`, which the held rows must not leave counted: counting those views, HF GPT-NeoX's held proof on
+    4x4x4 at 1.25x its smallest budget called 2.5187 ms optimal above a 2.5085 ms plan that fits) and it reaches this
+    decision as it is made (`HeldLess.where`): where it reaches it converted, the decision saves a copy of its own,
+    another storage (HF OPT's q, k and v on 4x4x4 each keep one of the layer norm's output; taken off, the held ILP's
+    2.4474 ms answer at 1.5x the smallest budget counted 8 KiB under the plan, which refused it, and the plan stayed
+    1.24 % unproven; HF BERT's first layer's q, k and v, the embeddings' output on 4x4x4: 8 KiB, 1.32 %). A tensor in another layout is another storage: taking those off too (any layout) left HF LLaMA's
     held rows below the formulas (64 ranks, 1.25x: 3.5914 -> 3.7157 ms, 4.4 % unproven). Per decision, those bytes
     per choice."""
     saves = _Saves(graph, en, g, device)
     nodes = saves.nodes
-    anywhere = saves.earlier(per_block=False)
     in_blocks = {n for b in graph.blocks for n in b.nodes}
-    # per decision of a block: per tensor it may save, the choices that save it; and per block, its decisions so far
+    # per decision: per tensor it may save, the choices that save it; and per block (and anywhere), its decisions so far
     saving: dict[str, dict[str, set[int]]] = {}
     storing: dict[str, dict[str, set[int]]] = {}  # the same per storage (`_Saves.storage`)
     so_far: dict[str | None, list[str]] = {}  # per block, and anywhere (None)
@@ -130,9 +128,7 @@ def saved_twice(graph: ModelGraph, en: Enumerated, g: Grouped, before: Mapping[s
         if d.block is None:
             return False
         if (saves.storage(key)[1] or _head(key)) not in in_blocks:
-            if saves.anew(key, anywhere[d.name])[1]:
-                return False
-            return where_saved(so_far.get(None, ()), storing, _storages(saves, key, saved=False)) or True
+            return where_saved(so_far.get(None, ()), storing, _storages(saves, key, saved=False)) or False
         return where_saved(so_far.get(d.block, ()), saving, {saves.tensor(key)}) or False
 
     def where_saved(earlier: Iterable[str], table: dict[str, dict[str, set[int]]], names: set[str]) -> Clause:
